@@ -1,0 +1,260 @@
+"""The hot segment log: an append-only sequence of segment files on local disk.
+
+All streams share one log, so a group commit of many appends to many streams
+costs one write and one fdatasync. Appending happens on the event-loop thread
+and only touches in-memory buffers; writing and syncing happen on one worker
+thread (``write_batch``), so the loop keeps accepting requests while the disk
+works. The two sides share nothing but the hand-off of a ``WriteBatch``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .segment import (
+    FRAME_SIZE,
+    HEADER_SIZE,
+    MAGIC,
+    CorruptSegmentError,
+    frame,
+    fsync_dir,
+    parse_segment_name,
+    scan_segment,
+    segment_name,
+)
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LogPosition:
+    """A byte position in the log: which segment, and where in it."""
+
+    segment: int
+    offset: int
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """Framed bytes waiting to be written, grouped by segment, in log order."""
+
+    parts: list[tuple[int, bytearray]] = field(default_factory=list)
+    end: LogPosition = LogPosition(0, 0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(p) for _, p in self.parts)
+
+
+class SegmentLog:
+    """Append-only, checksummed, segmented log with crash recovery."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        max_batch_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        # A torn tail can never be longer than one write, which is bounded by this.
+        self.max_batch_bytes = max_batch_bytes
+        # Append side (event loop thread).
+        self._seg = 0
+        self._size = 0
+        self._pending = WriteBatch()
+        # Write side (worker thread).
+        self._write_fd: int | None = None
+        self._write_seg = 0
+        self._written: dict[int, int] = {}
+        # Read side: cached read-only descriptors.
+        self._read_fds: dict[int, int] = {}
+        self._read_lock = threading.Lock()
+        self._opened = False
+
+    # ---------------------------------------------------------------- recovery
+
+    def segment_ids(self) -> list[int]:
+        ids = []
+        for name in os.listdir(self.directory):
+            sid = parse_segment_name(name)
+            if sid is not None:
+                ids.append(sid)
+        return sorted(ids)
+
+    def open(self, replay_from: LogPosition | None = None) -> Iterator[tuple[LogPosition, bytes]]:
+        """Verify the log, cut off a torn tail, and yield records to replay.
+
+        Yields ``(body_position, body)`` for every record at or after
+        ``replay_from``. Must be fully consumed before appending.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ids = self.segment_ids()
+        start = replay_from or LogPosition(0, 0)
+        if ids and start.segment > ids[-1]:
+            raise CorruptSegmentError(
+                f"snapshot refers to segment {start.segment} but the newest segment is {ids[-1]}"
+            )
+        for i, sid in enumerate(ids):
+            last = i == len(ids) - 1
+            path = self.directory / segment_name(sid)
+            if sid < start.segment:
+                if last:
+                    raise CorruptSegmentError(f"segment {sid} predates the snapshot position {start}")
+                continue
+            from_pos = start.offset if sid == start.segment else HEADER_SIZE
+            result = scan_segment(str(path), max(from_pos, HEADER_SIZE))
+            if result.torn_reason is not None:
+                tail = result.file_size - result.valid_end
+                if not last:
+                    raise CorruptSegmentError(f"{path}: {result.torn_reason} in a sealed segment")
+                if sid == start.segment and result.valid_end < start.offset:
+                    raise CorruptSegmentError(f"{path}: {result.torn_reason} before the snapshot position")
+                if tail > self.max_batch_bytes + FRAME_SIZE:
+                    raise CorruptSegmentError(
+                        f"{path}: {result.torn_reason}, followed by {tail} bytes: corruption inside "
+                        "acknowledged history, refusing to start"
+                    )
+                self._truncate(path, result.valid_end)
+            for rec in result.records:
+                yield LogPosition(sid, rec.body_pos), rec.body
+            if last:
+                self._seg = sid
+                self._size = max(result.valid_end, HEADER_SIZE)
+                self._written[sid] = result.valid_end
+        if not ids:
+            self._seg = 1
+            self._size = HEADER_SIZE
+            self._pending.parts.append((1, bytearray(MAGIC)))
+        elif self._written[self._seg] < HEADER_SIZE:
+            # The newest segment lost its header in a crash: rewrite it whole.
+            self._written[self._seg] = 0
+            self._pending.parts.append((self._seg, bytearray(MAGIC)))
+        self._write_seg = self._seg
+        self._opened = True
+
+    def _truncate(self, path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ----------------------------------------------------------- append side
+
+    def append(self, body: bytes) -> LogPosition:
+        """Frame ``body`` into the pending batch; return where the body will live."""
+        data = frame(body)
+        if self._size + len(data) > self.segment_bytes and self._size > HEADER_SIZE:
+            self._seg += 1
+            self._size = HEADER_SIZE
+            self._pending.parts.append((self._seg, bytearray(MAGIC)))
+        parts = self._pending.parts
+        if not parts or parts[-1][0] != self._seg:
+            parts.append((self._seg, bytearray()))
+        parts[-1][1].extend(data)
+        pos = LogPosition(self._seg, self._size + FRAME_SIZE)
+        self._size += len(data)
+        return pos
+
+    @property
+    def end(self) -> LogPosition:
+        """Position just past the last appended record (written or not)."""
+        return LogPosition(self._seg, self._size)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending.nbytes
+
+    def take_batch(self) -> WriteBatch | None:
+        if not self._pending.parts:
+            return None
+        batch = self._pending
+        batch.end = self.end
+        self._pending = WriteBatch()
+        return batch
+
+    # ------------------------------------------------------------ write side
+
+    def write_batch(self, batch: WriteBatch, *, sync: bool) -> None:
+        """Write a batch in order (worker thread). Sealed segments are always synced."""
+        for seg, data in batch.parts:
+            if seg != self._write_seg or self._write_fd is None:
+                self._switch_segment(seg)
+            fd = self._write_fd
+            assert fd is not None
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            self._written[seg] = self._written.get(seg, 0) + len(data)
+        if sync and self._write_fd is not None:
+            os.fdatasync(self._write_fd)
+
+    def sync(self) -> None:
+        if self._write_fd is not None:
+            os.fdatasync(self._write_fd)
+
+    def _switch_segment(self, seg: int) -> None:
+        if self._write_fd is not None:
+            if seg != self._write_seg:
+                os.fdatasync(self._write_fd)
+            os.close(self._write_fd)
+            self._write_fd = None
+        path = self.directory / segment_name(seg)
+        created = not path.exists()
+        self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._write_seg = seg
+        if created:
+            fsync_dir(str(self.directory))
+
+    def written_size(self, seg: int) -> int:
+        return self._written.get(seg, 0)
+
+    # ------------------------------------------------------------- read side
+
+    def read(self, seg: int, pos: int, length: int) -> bytes:
+        """Read bytes that are already written (callers only read visible data)."""
+        fd = self._read_fds.get(seg)
+        if fd is None:
+            with self._read_lock:
+                fd = self._read_fds.get(seg)
+                if fd is None:
+                    fd = os.open(self.directory / segment_name(seg), os.O_RDONLY)
+                    self._read_fds[seg] = fd
+        data = os.pread(fd, length, pos)
+        if len(data) != length:
+            raise CorruptSegmentError(f"short read in segment {seg} at {pos}: {len(data)} of {length}")
+        return data
+
+    # ------------------------------------------------------------ management
+
+    def delete_segment(self, seg: int) -> None:
+        """Remove a segment whose records are no longer needed (never the active one)."""
+        if seg >= self._seg:
+            raise ValueError("cannot delete the active segment")
+        with self._read_lock:
+            fd = self._read_fds.pop(seg, None)
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(self.directory / segment_name(seg))
+        except FileNotFoundError:
+            pass
+        self._written.pop(seg, None)
+
+    def close(self) -> None:
+        if self._write_fd is not None:
+            os.fdatasync(self._write_fd)
+            os.close(self._write_fd)
+            self._write_fd = None
+        with self._read_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()

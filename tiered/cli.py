@@ -1,0 +1,85 @@
+"""The ``tiered`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import fields
+
+from .config import Config, ConfigError, load_config
+
+_HELP = {
+    "host": "address to listen on (default 127.0.0.1)",
+    "port": "TCP port to listen on (default 4437)",
+    "data_dir": "directory for hot segments, snapshots and the local object store (default ./tiered-data)",
+    "fsync": "'always': acknowledge appends after fdatasync (survives power loss); "
+    "'interval': acknowledge after write(), fdatasync every --fsync-interval-ms (survives a crash of "
+    "the process, not of the machine)",
+    "fsync_interval_ms": "how often 'interval' mode syncs (default 50)",
+    "segment_bytes": "hot segment size before it rolls and seals (default 64 MiB)",
+    "max_body_bytes": "largest request body accepted; larger gets 413 (default 16 MiB)",
+    "max_hot_bytes": "cap on bytes held only in the hot tier; beyond it appends get 503 + Retry-After",
+    "max_waiters": "cap on concurrent long-poll/SSE readers; beyond it 503",
+    "long_poll_timeout_s": "how long a long-poll waits before 204 (default 20)",
+    "sse_max_connection_s": "SSE connections close after this long so caches can collapse (default 60)",
+    "read_chunk_bytes": "largest body a catch-up read returns; clients follow Stream-Next-Offset",
+    "snapshot_every_bytes": "journal bytes between state snapshots (bounds restart replay time)",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML config file (settings under [tiered] or at top level); env TIERED_CONFIG")
+    for f in fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f.name, default=None, help=_HELP.get(f.name, "") + f" [env TIERED_{f.name.upper()}]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiered", description="A tiered log service speaking the Durable Streams protocol.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server", description="Run the Durable Streams server.")
+    _add_config_flags(serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(Config)}
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"tiered: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, config.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return _serve(config)
+    return 2
+
+
+def _serve(config: Config) -> int:
+    from .hot.segment import CorruptSegmentError
+    from .server import DataDirLocked, serve
+    from .snapshot import SnapshotError
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(config))
+    except (DataDirLocked, CorruptSegmentError, SnapshotError, OSError) as exc:
+        print(f"tiered: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Service configuration: defaults, a TOML file, ``TIERED_*`` env vars, flags.
+
+Precedence, lowest first: built-in defaults, the TOML file (``--config``),
+environment variables, command-line flags. Every setting has one name used in
+all four places: ``long_poll_timeout_s`` is ``long_poll_timeout_s = 4`` in
+TOML, ``TIERED_LONG_POLL_TIMEOUT_S=4`` in the environment and
+``--long-poll-timeout-s 4`` on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 4437
+    data_dir: str = "./tiered-data"
+    fsync: str = "always"
+    fsync_interval_ms: int = 50
+    segment_bytes: int = 64 * MiB
+    max_body_bytes: int = 16 * MiB
+    max_hot_bytes: int = 8 * 1024 * MiB
+    max_waiters: int = 10_000
+    long_poll_timeout_s: float = 20.0
+    sse_max_connection_s: float = 60.0
+    read_chunk_bytes: int = 4 * MiB
+    snapshot_every_bytes: int = 256 * MiB
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        if self.fsync not in ("always", "interval"):
+            raise ConfigError("fsync must be 'always' or 'interval'")
+        if not 0 < self.port < 65536:
+            raise ConfigError("port must be between 1 and 65535")
+        if self.segment_bytes < 1 * MiB:
+            raise ConfigError("segment_bytes must be at least 1 MiB")
+        if self.max_body_bytes + 4096 > self.segment_bytes:
+            raise ConfigError("max_body_bytes must fit in one segment (segment_bytes)")
+        for name in ("fsync_interval_ms", "max_hot_bytes", "max_waiters", "read_chunk_bytes", "snapshot_every_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.long_poll_timeout_s <= 0 or self.sse_max_connection_s <= 0:
+            raise ConfigError("timeouts must be positive")
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _coerce(field_type: Any, raw: Any, name: str) -> Any:
+    kind = field_type if isinstance(field_type, type) else {"int": int, "float": float, "str": str}.get(str(field_type))
+    try:
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: cannot use {raw!r}") from None
+
+
+def load_config(file: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build a ``Config`` from file, environment and explicit overrides."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    known = {f.name: f for f in fields(Config)}
+    file = file or env.get("TIERED_CONFIG")
+    if file:
+        try:
+            with open(file, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc}") from None
+        section = data.get("tiered", data)
+        for key, raw in section.items():
+            key = key.replace("-", "_")
+            if key not in known:
+                raise ConfigError(f"{file}: unknown setting {key!r}")
+            values[key] = _coerce(known[key].type, raw, key)
+    for name, f in known.items():
+        raw = env.get("TIERED_" + name.upper())
+        if raw is not None:
+            values[name] = _coerce(f.type, raw, "TIERED_" + name.upper())
+    for name, raw in (overrides or {}).items():
+        if raw is not None:
+            values[name] = _coerce(known[name].type, raw, name)
+    config = dataclasses.replace(Config(), **values)
+    config.validate()
+    return config

@@ -1,0 +1,59 @@
+"""Names and offsets as the outside world sees them, validated in one place.
+
+Offsets are the byte position in a stream's logical byte sequence, printed as
+16 zero-padded decimal digits so they sort lexicographically. A position never
+changes when data moves between tiers, and forks share their source's offset
+space, so this is all an offset needs to be.
+"""
+
+from __future__ import annotations
+
+import re
+
+OFFSET_DIGITS = 16
+MAX_OFFSET = 10**OFFSET_DIGITS - 1
+_OFFSET_RE = re.compile(r"\d{16}")
+
+DEFAULT_BUCKET = "default"
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+# Stream paths never reach the filesystem, but they do reach logs, headers and
+# object metadata: no control characters, backslashes, or "." / ".." segments.
+_SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f/\\]+")
+MAX_STREAM_PATH = 1024
+
+
+class InvalidName(ValueError):
+    """A bucket or stream name that the service will not accept."""
+
+
+def format_offset(pos: int) -> str:
+    return f"{pos:016d}"
+
+
+def parse_offset(token: str) -> int | None:
+    """Return the byte position of a server-minted offset, or None if malformed."""
+    if len(token) != OFFSET_DIGITS or not _OFFSET_RE.fullmatch(token):
+        return None
+    return int(token)
+
+
+def validate_bucket(name: str) -> str:
+    if not _BUCKET_RE.fullmatch(name):
+        raise InvalidName(
+            "bucket names are 3-63 characters of lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def validate_stream_path(path: str) -> str:
+    if not path:
+        raise InvalidName("stream path is empty")
+    if len(path.encode()) > MAX_STREAM_PATH:
+        raise InvalidName(f"stream path is longer than {MAX_STREAM_PATH} bytes")
+    for segment in path.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidName("stream path segments must be non-empty and not '.' or '..'")
+        if not _SEGMENT_RE.fullmatch(segment):
+            raise InvalidName(f"stream path segment {segment!r} contains characters that are not allowed")
+    return path

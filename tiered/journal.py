@@ -1,0 +1,206 @@
+"""The metadata journal: records in the hot segment log, with group commit.
+
+``append`` frames a record into the pending batch and returns at once with a
+future for the batch's durability; one background task writes and syncs
+batches on a worker thread. Every request that arrives while a sync is in
+flight joins the next batch, so N concurrent appends cost one fdatasync.
+
+Durability modes:
+
+* ``always`` (default): a batch's future resolves after fdatasync. A 2xx
+  therefore means the bytes survive power loss.
+* ``interval``: the future resolves after write() to the OS; fdatasync runs
+  every ``fsync_interval_ms``. Survives a process crash, but a power loss can
+  lose the last interval of acknowledged appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tiered.hot.log import LogPosition, SegmentLog
+
+from .records import Appended, Record, StreamCreated, decode_record, encode_record
+from .snapshot import SnapshotStore, encode_snapshot
+from .state import StreamState
+
+log = logging.getLogger(__name__)
+
+
+class JournalFailed(Exception):
+    """The disk refused a write or sync; the journal accepts nothing more."""
+
+
+def data_location(record: Record, body_pos: LogPosition, body_len: int) -> tuple[int, int] | None:
+    """Where a record's payload bytes sit in the log (they end the body)."""
+    if isinstance(record, (Appended, StreamCreated)) and record.data:
+        return body_pos.segment, body_pos.offset + body_len - len(record.data)
+    return None
+
+
+class Journal:
+    def __init__(
+        self,
+        log_: SegmentLog,
+        snapshots: SnapshotStore,
+        *,
+        fsync: str = "always",
+        fsync_interval_ms: int = 100,
+        max_pending_bytes: int = 32 * 1024 * 1024,
+    ) -> None:
+        if fsync not in ("always", "interval"):
+            raise ValueError("fsync must be 'always' or 'interval'")
+        self.log = log_
+        self.snapshots = snapshots
+        self.fsync_always = fsync == "always"
+        self.fsync_interval_ms = fsync_interval_ms
+        self.max_pending_bytes = max_pending_bytes
+        self.failed: BaseException | None = None
+        self.bytes_since_snapshot = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self._batch_future: asyncio.Future[None] | None = None
+        self._inflight: asyncio.Future[None] | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sync_task: asyncio.Task[None] | None = None
+        self._dirty_since_sync = False
+        self._closing = False
+
+    # ---------------------------------------------------------------- start
+
+    def recover(self) -> StreamState:
+        """Load the newest snapshot and replay the log after it."""
+        loaded = self.snapshots.load_latest()
+        state, start = loaded if loaded is not None else (StreamState(), None)
+        count = 0
+        for body_pos, body in self.log.open(start):
+            record = decode_record(body)
+            state.apply(record, data_location(record, body_pos, len(body)))
+            count += 1
+            self.bytes_since_snapshot += len(body)
+        log.info("journal recovered: snapshot at %s, %d records replayed", start, count)
+        return state
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._batch_future = loop.create_future()
+        self._task = asyncio.create_task(self._commit_loop(), name="journal-commit")
+        if not self.fsync_always:
+            self._sync_task = asyncio.create_task(self._interval_sync_loop(), name="journal-fsync")
+        # Anything recovery rewrote (a lost segment header) goes out first.
+        if self.log.pending_bytes:
+            self._wakeup.set()
+
+    # --------------------------------------------------------------- append
+
+    def append(self, record: Record, on_durable: Callable[[], None] | None = None) -> tuple[asyncio.Future[None], tuple[int, int] | None]:
+        """Queue a record; returns (durability future, payload location).
+
+        ``on_durable`` runs on the loop, in log order, once the record is
+        durable: the place to make data visible to readers.
+        """
+        if self.failed is not None:
+            raise JournalFailed(str(self.failed))
+        body = encode_record(record)
+        pos = self.log.append(body)
+        self.bytes_since_snapshot += len(body)
+        if on_durable is not None:
+            self._callbacks.append(on_durable)
+        self._wakeup.set()
+        assert self._batch_future is not None
+        return self._batch_future, data_location(record, pos, len(body))
+
+    @property
+    def backlogged(self) -> bool:
+        """Too much queued for one batch: new work should wait for a flush."""
+        return self.log.pending_bytes >= self.max_pending_bytes
+
+    async def flushed(self) -> None:
+        """Wait until everything appended so far is durable."""
+        if self.log.pending_bytes and self._batch_future is not None:
+            self._wakeup.set()
+            await asyncio.shield(self._batch_future)
+        elif self._inflight is not None and not self._inflight.done():
+            await asyncio.shield(self._inflight)
+
+    async def _commit_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch = self.log.take_batch()
+            if batch is None:
+                if self._closing:
+                    return
+                continue
+            future, callbacks = self._batch_future, self._callbacks
+            assert future is not None
+            self._batch_future = loop.create_future()
+            self._callbacks = []
+            self._inflight = future
+            try:
+                await loop.run_in_executor(self._executor, self._write, batch)
+            except Exception as exc:  # disk full, EIO: the state on disk is now unknown
+                log.critical("journal write failed, refusing further writes until restart: %s", exc)
+                self.failed = exc
+                future.set_exception(JournalFailed(str(exc)))
+                future.exception()  # mark retrieved; requests see JournalFailed
+                self._batch_future.set_exception(JournalFailed(str(exc)))
+                self._batch_future.exception()
+                return
+            for cb in callbacks:
+                cb()
+            future.set_result(None)
+
+    def _write(self, batch) -> None:  # type: ignore[no-untyped-def]
+        self.log.write_batch(batch, sync=self.fsync_always)
+        self._dirty_since_sync = not self.fsync_always
+
+    async def _interval_sync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(self.fsync_interval_ms / 1000)
+            if self._dirty_since_sync:
+                self._dirty_since_sync = False
+                try:
+                    await loop.run_in_executor(self._executor, self.log.sync)
+                except Exception as exc:
+                    log.critical("journal fsync failed: %s", exc)
+                    self.failed = exc
+                    return
+
+    # ------------------------------------------------------------ snapshots
+
+    async def snapshot(self, state: StreamState) -> None:
+        """Write a snapshot of ``state`` once the log under it is durable."""
+        position = self.log.end
+        data = encode_snapshot(state, position)  # on the loop: a consistent cut
+        self.bytes_since_snapshot = 0
+        await self.flushed()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._sync_and_write_snapshot, data, position)
+
+    def _sync_and_write_snapshot(self, data: bytes, position: LogPosition) -> None:
+        self.log.sync()
+        self.snapshots.write(data, position)
+
+    # ---------------------------------------------------------------- close
+
+    async def close(self, state: StreamState | None = None) -> None:
+        if self.failed is None:
+            await self.flushed()
+            if state is not None:
+                await self.snapshot(state)
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.log.close)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,97 @@
+"""What readers may see, and who is waiting to see more.
+
+The state machine applies a record the moment it is decided, but readers must
+only see data that is durable: otherwise a crash could take back bytes that a
+reader already handed on. ``Visibility`` remembers, per stream with records in
+flight, the tail and closed flag as of its last durable record; ``Waiters``
+parks long-poll and SSE readers until that visible view moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from .state import Stream
+
+
+@dataclass(slots=True)
+class VisibleView:
+    tail: int
+    closed: bool
+
+
+class TooManyWaiters(Exception):
+    pass
+
+
+class Visibility:
+    def __init__(self) -> None:
+        self._pending: dict[int, VisibleView] = {}
+
+    def view(self, s: Stream) -> VisibleView:
+        v = self._pending.get(s.uid)
+        return v if v is not None else VisibleView(s.tail, s.closed)
+
+    def hold(self, s: Stream, tail: int, closed: bool) -> None:
+        """Freeze what readers see before applying a record that is not yet durable."""
+        if s.uid not in self._pending:
+            self._pending[s.uid] = VisibleView(tail, closed)
+
+    def release(self, s: Stream, tail: int, closed: bool) -> bool:
+        """A record is durable: readers may now see up to ``tail``. True if the view moved."""
+        v = self._pending.get(s.uid)
+        if v is None:
+            return False
+        if tail >= s.tail and closed == s.closed:
+            del self._pending[s.uid]
+        else:
+            v.tail = max(v.tail, tail)
+            v.closed = v.closed or closed
+        return True
+
+    def forget(self, uid: int) -> None:
+        self._pending.pop(uid, None)
+
+
+class Waiters:
+    """Futures of readers parked on a stream, woken on any visible change."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self._by_uid: dict[int, list[asyncio.Future[None]]] = {}
+
+    async def wait(self, uid: int, timeout: float) -> bool:
+        """Wait for a change on ``uid``; False on timeout."""
+        if self.count >= self.limit:
+            raise TooManyWaiters()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._by_uid.setdefault(uid, []).append(fut)
+        self.count += 1
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.count -= 1
+            futs = self._by_uid.get(uid)
+            if futs is not None:
+                try:
+                    futs.remove(fut)
+                except ValueError:
+                    pass
+                if not futs:
+                    del self._by_uid[uid]
+
+    def notify(self, uid: int) -> None:
+        futs = self._by_uid.pop(uid, None)
+        if futs:
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def notify_all(self) -> None:
+        for uid in list(self._by_uid):
+            self.notify(uid)

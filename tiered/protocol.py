@@ -1,0 +1,60 @@
+"""Durable Streams header parsing and the small protocol rules around it.
+
+Everything here is pure: it turns header strings into values or raises
+``BadRequest`` with a message a client developer can act on.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from datetime import datetime
+
+MAX_SAFE_INTEGER = 2**53 - 1
+_UINT_RE = re.compile(r"0|[1-9][0-9]*")
+
+# Cursor intervals (protocol section 10.1): 20 s buckets since 2024-10-09.
+CURSOR_EPOCH_S = 1728432000
+CURSOR_INTERVAL_S = 20
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def parse_uint(value: str, name: str, *, maximum: int = MAX_SAFE_INTEGER) -> int:
+    """A non-negative decimal integer without sign, leading zeros or exponent."""
+    if not _UINT_RE.fullmatch(value):
+        raise BadRequest(f"{name} must be a non-negative decimal integer, got {value!r}")
+    n = int(value)
+    if n > maximum:
+        raise BadRequest(f"{name} must be at most {maximum}")
+    return n
+
+
+def parse_closed(value: str | None) -> bool:
+    """``Stream-Closed`` counts only when it is exactly ``true`` (any case)."""
+    return value is not None and value.lower() == "true"
+
+
+def parse_expires_at(value: str) -> int:
+    """An RFC 3339 timestamp with a time zone, as epoch milliseconds."""
+    text = value.strip()
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", text):
+        raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value!r}")
+    try:
+        dt = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
+    except ValueError:
+        raise BadRequest(f"Stream-Expires-At is not a valid timestamp: {value!r}") from None
+    return int(dt.timestamp() * 1000)
+
+
+def next_cursor(now_s: float, client_cursor: str | None, rng: random.Random | None = None) -> str:
+    """The cursor for a live response: never at or below what the client sent."""
+    current = int((now_s - CURSOR_EPOCH_S) // CURSOR_INTERVAL_S)
+    if client_cursor is not None and _UINT_RE.fullmatch(client_cursor) and len(client_cursor) < 20:
+        theirs = int(client_cursor)
+        if theirs >= current:
+            jitter_s = (rng or random).randint(1, 3600)
+            return str(theirs + max(1, jitter_s // CURSOR_INTERVAL_S))
+    return str(current)

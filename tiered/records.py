@@ -1,0 +1,90 @@
+"""Journal records: the events the state machine applies, as stored on disk.
+
+The metadata journal is the system's source of truth. Every change to stream
+state is one of these records, msgpack-encoded with a versioned tag
+(``name.vN``) so old journals stay readable when a record gains a version.
+Records that carry stream bytes put them in the last field: msgpack stores a
+``bin`` value raw at the end of the body, so the payload's position on disk is
+``body_end - len(data)`` and reads can ``pread`` it without decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
+    pass
+
+
+class BucketCreated(_Record, tag="bucket.create.v1"):
+    name: str
+    ts_ms: int
+
+
+class StreamCreated(_Record, tag="stream.create.v1"):
+    uid: int
+    bucket: str
+    path: str
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None  # as the client sent it, echoed back verbatim
+    expires_at_ms: int | None
+    closed: bool
+    ts_ms: int
+    fork_source: int | None  # uid of the source stream
+    fork_offset: int  # where the fork's own data begins (0 for non-forks)
+    fork_spec: str | None  # the fork headers as requested, for idempotent re-creation
+    data: bytes
+
+
+class Appended(_Record, tag="append.v1"):
+    uid: int
+    offset: int  # stream position of data[0]
+    ts_ms: int
+    producer: str | None
+    epoch: int
+    seq: int
+    stream_seq: str | None
+    close: bool  # close the stream after this (possibly empty) append
+    data: bytes
+
+
+class StreamDeleted(_Record, tag="delete.v1"):
+    uid: int
+    ts_ms: int
+
+
+class StreamTouched(_Record, tag="touch.v1"):
+    """A read reset a sliding TTL; journaled lazily so restarts keep it."""
+
+    uid: int
+    ts_ms: int
+
+
+class StreamExpired(_Record, tag="expire.v1"):
+    uid: int
+    ts_ms: int
+
+
+Record = Union[
+    BucketCreated,
+    StreamCreated,
+    Appended,
+    StreamDeleted,
+    StreamTouched,
+    StreamExpired,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(body: bytes) -> Record:
+    return _decoder.decode(body)

@@ -1,0 +1,204 @@
+"""Snapshots of the state machine, so restarts replay only the journal's tail.
+
+A snapshot file holds the whole ``StreamState`` plus the log position it
+covers: every record before that position is reflected in it. Files are
+written to a temporary name, fsynced and renamed, and carry a CRC, so a crash
+mid-write leaves the previous snapshot in charge.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+import msgspec
+
+from tiered.hot.log import LogPosition
+from tiered.hot.segment import crc32c, fsync_dir
+
+from .state import HotChunks, ProducerState, Stream, StreamState
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
+_MAGIC = b"TSNP"
+_HEADER = struct.Struct("<4sII")  # magic, version, crc32c(body)
+
+
+class StreamSnap(msgspec.Struct, array_like=True):
+    uid: int
+    bucket: str
+    path: str
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+    created_ms: int
+    fork_source: int | None
+    fork_offset: int
+    fork_spec: str | None
+    tail: int
+    closed: bool
+    closed_by: tuple[str, int, int] | None
+    producers: dict[str, tuple[int, int]]
+    stream_seq: str | None
+    chunks: tuple[bytes, bytes, bytes, bytes]
+    forks: int
+    soft_deleted: bool
+    last_access_ms: int
+
+
+class StateSnap(msgspec.Struct, array_like=True):
+    log_segment: int
+    log_offset: int
+    next_uid: int
+    buckets: dict[str, int]
+    streams: list[StreamSnap]
+
+
+def _stream_snap(s: Stream) -> StreamSnap:
+    c = s.chunks
+    return StreamSnap(
+        uid=s.uid,
+        bucket=s.bucket,
+        path=s.path,
+        content_type=s.content_type,
+        ttl_s=s.ttl_s,
+        expires_at=s.expires_at,
+        expires_at_ms=s.expires_at_ms,
+        created_ms=s.created_ms,
+        fork_source=s.fork_source,
+        fork_offset=s.fork_offset,
+        fork_spec=s.fork_spec,
+        tail=s.tail,
+        closed=s.closed,
+        closed_by=s.closed_by,
+        producers={k: (p.epoch, p.last_seq) for k, p in s.producers.items()},
+        stream_seq=s.stream_seq,
+        chunks=(c.starts.tobytes(), c.lens.tobytes(), c.segs.tobytes(), c.poss.tobytes()),
+        forks=s.forks,
+        soft_deleted=s.soft_deleted,
+        last_access_ms=s.last_access_ms,
+    )
+
+
+def _stream_from_snap(n: StreamSnap) -> Stream:
+    chunks = HotChunks()
+    for arr, raw in zip((chunks.starts, chunks.lens, chunks.segs, chunks.poss), n.chunks, strict=True):
+        arr.frombytes(raw)
+    return Stream(
+        uid=n.uid,
+        bucket=n.bucket,
+        path=n.path,
+        content_type=n.content_type,
+        ttl_s=n.ttl_s,
+        expires_at=n.expires_at,
+        expires_at_ms=n.expires_at_ms,
+        created_ms=n.created_ms,
+        fork_source=n.fork_source,
+        fork_offset=n.fork_offset,
+        fork_spec=n.fork_spec,
+        tail=n.tail,
+        closed=n.closed,
+        closed_by=n.closed_by,
+        producers={k: ProducerState(e, q) for k, (e, q) in n.producers.items()},
+        stream_seq=n.stream_seq,
+        chunks=chunks,
+        forks=n.forks,
+        soft_deleted=n.soft_deleted,
+        last_access_ms=n.last_access_ms,
+        touch_journaled_ms=n.last_access_ms,
+    )
+
+
+def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
+    snap = StateSnap(
+        log_segment=position.segment,
+        log_offset=position.offset,
+        next_uid=state.next_uid,
+        buckets=dict(state.buckets),
+        streams=[_stream_snap(s) for s in state.streams.values()],
+    )
+    body = msgspec.msgpack.encode(snap)
+    return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
+
+
+def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
+    magic, version, crc = _HEADER.unpack_from(data)
+    body = data[_HEADER.size :]
+    if magic != _MAGIC or version != SNAPSHOT_VERSION:
+        raise ValueError(f"not a snapshot of version {SNAPSHOT_VERSION}")
+    if crc32c(body) != crc:
+        raise ValueError("snapshot checksum mismatch")
+    snap = msgspec.msgpack.decode(body, type=StateSnap)
+    state = StreamState()
+    state.next_uid = snap.next_uid
+    state.buckets = dict(snap.buckets)
+    for n in snap.streams:
+        s = _stream_from_snap(n)
+        state.streams[s.uid] = s
+        state.paths[(s.bucket, s.path)] = s.uid
+        state.hot_bytes += sum(s.chunks.lens)
+    return state, LogPosition(snap.log_segment, snap.log_offset)
+
+
+class SnapshotError(Exception):
+    """Snapshots exist but none can be trusted: recovery must stop."""
+
+
+class SnapshotStore:
+    """The snapshot files in a directory: newest valid one wins."""
+
+    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def _files(self) -> list[Path]:
+        if not self.directory.exists():
+            return []
+        return sorted(p for p in self.directory.iterdir() if p.name.startswith("snapshot-") and p.suffix == ".bin")
+
+    def load_latest(self) -> tuple[StreamState, LogPosition] | None:
+        """The newest snapshot that verifies; an older one is the fallback.
+
+        Segments are only deleted behind the oldest kept snapshot, so falling
+        back never skips records. No snapshot verifying at all is fatal.
+        """
+        files = self._files()
+        errors = []
+        for path in reversed(files):
+            try:
+                return decode_snapshot(path.read_bytes())
+            except (ValueError, msgspec.DecodeError, struct.error) as exc:
+                log.warning("snapshot %s is unusable: %s", path.name, exc)
+                errors.append(f"{path.name}: {exc}")
+        if files:
+            raise SnapshotError("no snapshot verifies: " + "; ".join(errors))
+        return None
+
+    def oldest_position(self) -> LogPosition | None:
+        """The log position of the oldest kept snapshot (segments before it are free)."""
+        files = self._files()
+        if not files:
+            return None
+        _, seg, off = files[0].stem.split("-")
+        return LogPosition(int(seg), int(off))
+
+    def write(self, data: bytes, position: LogPosition) -> Path:
+        """Durably write a snapshot (blocking; run in a worker thread)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"snapshot-{position.segment:020d}-{position.offset:012d}.bin"
+        final = self.directory / name
+        tmp = self.directory / (name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(str(self.directory))
+        for old in self._files()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return final
+

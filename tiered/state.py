@@ -1,0 +1,400 @@
+"""The stream state machine: the deterministic core of the service.
+
+Requests are *decided* against the current state, producing journal records
+(or a ``StreamError`` that changes nothing); records are *applied* to move the
+state forward. Replay after a restart is just ``apply`` over the journal, so
+decide must put everything apply needs (uids, timestamps, offsets) into the
+record. Nothing here touches a disk, a socket or a clock: time comes in as
+``now_ms``, and data locations come in as opaque ``(segment, position)``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from .content import DEFAULT_CONTENT_TYPE, is_json, media_type
+from .ids import DEFAULT_BUCKET
+from .records import Appended, BucketCreated, Record, StreamCreated, StreamDeleted, StreamExpired, StreamTouched
+
+
+class StreamError(Exception):
+    """A request the state refuses, with the HTTP status that explains why."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass(slots=True)
+class ProducerState:
+    epoch: int
+    last_seq: int
+
+
+class HotChunks:
+    """Where a stream's hot bytes live: parallel arrays, one entry per append."""
+
+    __slots__ = ("starts", "lens", "segs", "poss")
+
+    def __init__(self) -> None:
+        self.starts = array("q")
+        self.lens = array("q")
+        self.segs = array("q")
+        self.poss = array("q")
+
+    def add(self, start: int, length: int, seg: int, pos: int) -> None:
+        self.starts.append(start)
+        self.lens.append(length)
+        self.segs.append(seg)
+        self.poss.append(pos)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+@dataclass(slots=True)
+class Stream:
+    uid: int
+    bucket: str
+    path: str
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+    created_ms: int
+    fork_source: int | None
+    fork_offset: int  # first offset of the stream's own data
+    fork_spec: str | None
+    tail: int
+    closed: bool = False
+    closed_by: tuple[str, int, int] | None = None
+    producers: dict[str, ProducerState] = field(default_factory=dict)
+    stream_seq: str | None = None
+    chunks: HotChunks = field(default_factory=HotChunks)
+    forks: int = 0  # live forks that read through this stream
+    soft_deleted: bool = False
+    last_access_ms: int = 0
+    touch_journaled_ms: int = 0
+
+    @property
+    def json(self) -> bool:
+        return is_json(self.content_type)
+
+    def expired(self, now_ms: int) -> bool:
+        if self.expires_at_ms is not None and now_ms >= self.expires_at_ms:
+            return True
+        return self.ttl_s is not None and now_ms >= self.last_access_ms + self.ttl_s * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRequest:
+    source_uid: int
+    offset: int  # resolved absolute fork point
+    spec: str  # canonical description of the fork headers
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    content_type: str | None
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+    closed: bool
+    data: bytes
+    fork: ForkRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    content_type: str | None
+    data: bytes
+    close: bool
+    producer: str | None = None
+    epoch: int = 0
+    seq: int = 0
+    stream_seq: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """An append already applied earlier: succeed without writing anything."""
+
+    stream: Stream
+    epoch: int | None
+    seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HotSlice:
+    segment: int
+    position: int
+    length: int
+
+
+class StreamState:
+    """All streams and buckets, and the rules that change them."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Stream] = {}
+        self.paths: dict[tuple[str, str], int] = {}
+        self.buckets: dict[str, int] = {DEFAULT_BUCKET: 0}
+        self.next_uid = 1
+        self.hot_bytes = 0  # bytes that live only in hot segments
+
+    # ------------------------------------------------------------- lookups
+
+    def find(self, bucket: str, path: str) -> Stream | None:
+        uid = self.paths.get((bucket, path))
+        return None if uid is None else self.streams[uid]
+
+    def lookup(self, bucket: str, path: str, now_ms: int) -> Stream:
+        """The live stream at a path, or the 404/410 a client should see."""
+        s = self.find(bucket, path)
+        if s is None or (not s.soft_deleted and s.expired(now_ms)):
+            raise StreamError(404, "stream not found")
+        if s.soft_deleted:
+            raise StreamError(410, "stream was deleted; its data lives on only for its forks")
+        return s
+
+    # ------------------------------------------------------------- decide
+
+    def decide_bucket(self, name: str, now_ms: int) -> list[Record]:
+        if name in self.buckets:
+            return []
+        return [BucketCreated(name=name, ts_ms=now_ms)]
+
+    def decide_create(self, bucket: str, path: str, req: CreateRequest, now_ms: int) -> tuple[list[Record], Stream | None]:
+        """Records creating the stream, or ``([], existing)`` for an idempotent match."""
+        if bucket not in self.buckets:
+            raise StreamError(404, f"bucket {bucket!r} does not exist")
+        records: list[Record] = []
+        existing = self.find(bucket, path)
+        if existing is not None:
+            if existing.soft_deleted:
+                raise StreamError(409, "a deleted stream with live forks still holds this path")
+            if existing.expired(now_ms):
+                records.append(StreamExpired(uid=existing.uid, ts_ms=now_ms))
+            else:
+                self._check_same_config(existing, req)
+                return [], existing
+        content_type = req.content_type
+        ttl_s, expires_at, expires_at_ms = req.ttl_s, req.expires_at, req.expires_at_ms
+        fork_source: int | None = None
+        fork_offset = 0
+        fork_spec: str | None = None
+        if req.fork is not None:
+            source = self.streams.get(req.fork.source_uid)
+            if source is None:
+                raise StreamError(404, "fork source stream not found")
+            if source.soft_deleted:
+                raise StreamError(409, "fork source stream was deleted")
+            if content_type is None:
+                content_type = source.content_type
+            elif media_type(content_type) != media_type(source.content_type):
+                raise StreamError(409, "a fork's content type must match its source's")
+            if not 0 <= req.fork.offset <= source.tail:
+                raise StreamError(400, "fork offset is beyond the source stream's tail")
+            if ttl_s is None and expires_at_ms is None:
+                ttl_s, expires_at, expires_at_ms = source.ttl_s, source.expires_at, source.expires_at_ms
+            fork_source, fork_offset, fork_spec = source.uid, req.fork.offset, req.fork.spec
+        records.append(
+            StreamCreated(
+                uid=self.next_uid,
+                bucket=bucket,
+                path=path,
+                content_type=content_type or DEFAULT_CONTENT_TYPE,
+                ttl_s=ttl_s,
+                expires_at=expires_at,
+                expires_at_ms=expires_at_ms,
+                closed=req.closed,
+                ts_ms=now_ms,
+                fork_source=fork_source,
+                fork_offset=fork_offset,
+                fork_spec=fork_spec,
+                data=req.data,
+            )
+        )
+        return records, None
+
+    def _check_same_config(self, s: Stream, req: CreateRequest) -> None:
+        wanted_type = req.content_type
+        if wanted_type is None:
+            wanted_type = s.content_type if req.fork is not None else DEFAULT_CONTENT_TYPE
+        same = (
+            media_type(wanted_type) == media_type(s.content_type)
+            and req.closed == s.closed
+            and (req.fork.spec if req.fork else None) == s.fork_spec
+        )
+        if req.fork is None or req.ttl_s is not None or req.expires_at_ms is not None:
+            same = same and req.ttl_s == s.ttl_s and req.expires_at_ms == s.expires_at_ms
+        if not same:
+            raise StreamError(409, "a stream already exists here with a different configuration")
+
+    def decide_append(self, bucket: str, path: str, req: AppendRequest, now_ms: int) -> Appended | Duplicate:
+        s = self.lookup(bucket, path, now_ms)
+        closed_headers = {"Stream-Closed": "true"}
+        if s.closed:
+            ident = (req.producer, req.epoch, req.seq) if req.producer is not None else None
+            if ident is not None and ident == s.closed_by:
+                return Duplicate(s, req.epoch, req.seq)
+            if not req.data and req.close:
+                return Duplicate(s, None, None)
+            raise StreamError(409, "stream is closed", closed_headers)
+        if req.data and req.content_type is not None and media_type(req.content_type) != media_type(s.content_type):
+            raise StreamError(409, f"content type does not match the stream's ({s.content_type})")
+        if req.producer is not None:
+            p = s.producers.get(req.producer)
+            if p is not None and req.epoch < p.epoch:
+                raise StreamError(403, "stale producer epoch", {"Producer-Epoch": str(p.epoch)})
+            if p is None or req.epoch > p.epoch:
+                if req.seq != 0:
+                    raise StreamError(400, "a new producer epoch must start at sequence 0")
+            elif req.seq <= p.last_seq:
+                return Duplicate(s, p.epoch, p.last_seq)
+            elif req.seq > p.last_seq + 1:
+                raise StreamError(
+                    409,
+                    "producer sequence gap",
+                    {"Producer-Expected-Seq": str(p.last_seq + 1), "Producer-Received-Seq": str(req.seq)},
+                )
+        if req.stream_seq is not None and s.stream_seq is not None and req.stream_seq <= s.stream_seq:
+            raise StreamError(409, "Stream-Seq must increase")
+        return Appended(
+            uid=s.uid,
+            offset=s.tail,
+            ts_ms=now_ms,
+            producer=req.producer,
+            epoch=req.epoch,
+            seq=req.seq,
+            stream_seq=req.stream_seq,
+            close=req.close,
+            data=req.data,
+        )
+
+    def decide_delete(self, bucket: str, path: str, now_ms: int) -> StreamDeleted:
+        s = self.lookup(bucket, path, now_ms)
+        return StreamDeleted(uid=s.uid, ts_ms=now_ms)
+
+    def touch(self, s: Stream, now_ms: int) -> StreamTouched | None:
+        """Reset a sliding TTL on access; a record when the journal should learn of it.
+
+        The in-memory time is exact; the journal hears about it at most every
+        quarter TTL, so a restart can only move expiry earlier by that much.
+        """
+        if s.ttl_s is None:
+            return None
+        s.last_access_ms = max(s.last_access_ms, now_ms)
+        if now_ms - s.touch_journaled_ms >= s.ttl_s * 250:
+            return StreamTouched(uid=s.uid, ts_ms=now_ms)
+        return None
+
+    # ------------------------------------------------------------- apply
+
+    def apply(self, record: Record, location: tuple[int, int] | None = None) -> None:
+        """Apply one record. ``location`` is where a record's data lives on disk."""
+        if isinstance(record, Appended):
+            s = self.streams[record.uid]
+            if record.data:
+                if location is None:
+                    raise ValueError("an append with data needs its location")
+                s.chunks.add(record.offset, len(record.data), location[0], location[1])
+                s.tail = record.offset + len(record.data)
+                self.hot_bytes += len(record.data)
+            if record.producer is not None:
+                s.producers[record.producer] = ProducerState(record.epoch, record.seq)
+            if record.stream_seq is not None:
+                s.stream_seq = record.stream_seq
+            if record.close:
+                s.closed = True
+                if record.producer is not None:
+                    s.closed_by = (record.producer, record.epoch, record.seq)
+            s.last_access_ms = max(s.last_access_ms, record.ts_ms)
+        elif isinstance(record, StreamCreated):
+            s = Stream(
+                uid=record.uid,
+                bucket=record.bucket,
+                path=record.path,
+                content_type=record.content_type,
+                ttl_s=record.ttl_s,
+                expires_at=record.expires_at,
+                expires_at_ms=record.expires_at_ms,
+                created_ms=record.ts_ms,
+                fork_source=record.fork_source,
+                fork_offset=record.fork_offset,
+                fork_spec=record.fork_spec,
+                tail=record.fork_offset,
+                closed=record.closed,
+                last_access_ms=record.ts_ms,
+                touch_journaled_ms=record.ts_ms,
+            )
+            if record.data:
+                if location is None:
+                    raise ValueError("a create with data needs its location")
+                s.chunks.add(record.fork_offset, len(record.data), location[0], location[1])
+                s.tail += len(record.data)
+                self.hot_bytes += len(record.data)
+            self.streams[s.uid] = s
+            self.paths[(s.bucket, s.path)] = s.uid
+            self.next_uid = max(self.next_uid, s.uid + 1)
+            if s.fork_source is not None:
+                self.streams[s.fork_source].forks += 1
+        elif isinstance(record, (StreamDeleted, StreamExpired)):
+            s = self.streams[record.uid]
+            if s.forks > 0:
+                s.soft_deleted = True
+            else:
+                self._remove(s)
+        elif isinstance(record, StreamTouched):
+            s = self.streams[record.uid]
+            s.last_access_ms = max(s.last_access_ms, record.ts_ms)
+            s.touch_journaled_ms = record.ts_ms
+        elif isinstance(record, BucketCreated):
+            self.buckets.setdefault(record.name, record.ts_ms)
+        else:  # pragma: no cover - the Record union is closed
+            raise TypeError(f"unknown record {record!r}")
+
+    def _remove(self, s: Stream) -> None:
+        """Drop a stream; a soft-deleted source whose last fork this was goes too."""
+        while True:
+            del self.streams[s.uid]
+            self.hot_bytes -= sum(s.chunks.lens)
+            if self.paths.get((s.bucket, s.path)) == s.uid:
+                del self.paths[(s.bucket, s.path)]
+            if s.fork_source is None:
+                return
+            source = self.streams[s.fork_source]
+            source.forks -= 1
+            if not (source.soft_deleted and source.forks == 0):
+                return
+            s = source
+
+    # ------------------------------------------------------------- reads
+
+    def plan_read(self, s: Stream, start: int, end: int) -> list[HotSlice]:
+        """Slices covering ``[start, end)`` of a stream, through its fork ancestry."""
+        slices: list[HotSlice] = []
+        self._plan(s, start, end, slices)
+        return slices
+
+    def _plan(self, s: Stream, start: int, end: int, out: list[HotSlice]) -> None:
+        if start < s.fork_offset and s.fork_source is not None:
+            self._plan(self.streams[s.fork_source], start, min(end, s.fork_offset), out)
+            start = s.fork_offset
+        if start >= end:
+            return
+        c = s.chunks
+        i = bisect_right(c.starts, start) - 1
+        if i < 0:
+            i = 0
+        n = len(c)
+        while i < n and c.starts[i] < end:
+            cs, cl = c.starts[i], c.lens[i]
+            lo = max(start, cs)
+            hi = min(end, cs + cl)
+            if hi > lo:
+                out.append(HotSlice(c.segs[i], c.poss[i] + (lo - cs), hi - lo))
+            i += 1
