@@ -294,7 +294,8 @@ class StreamsApi:
         if producer is not None and result.epoch is not None:
             headers["Producer-Epoch"] = str(result.epoch)
             headers["Producer-Seq"] = str(result.seq)
-            return web.Response(status=204 if result.duplicate else 200, headers=headers)
+            # 200 says "new data stored"; duplicates and close-only say 204.
+            return web.Response(status=200 if data and not result.duplicate else 204, headers=headers)
         return web.Response(status=204, headers=headers)
 
     def _producer(self, h) -> tuple[str | None, int, int]:  # type: ignore[no-untyped-def]

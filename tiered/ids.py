@@ -1,18 +1,19 @@
 """Names and offsets as the outside world sees them, validated in one place.
 
 Offsets are the byte position in a stream's logical byte sequence, printed as
-16 zero-padded decimal digits so they sort lexicographically. A position never
-changes when data moves between tiers, and forks share their source's offset
-space, so this is all an offset needs to be.
+a 32-digit zero-padded decimal split 16_16 (the shape the protocol's reference
+server uses, which clients and the conformance suite have come to expect), so
+they sort lexicographically. A position never changes when data moves between
+tiers, and forks share their source's offset space, so this is all an offset
+needs to be.
 """
 
 from __future__ import annotations
 
 import re
 
-OFFSET_DIGITS = 16
-MAX_OFFSET = 10**OFFSET_DIGITS - 1
-_OFFSET_RE = re.compile(r"\d{16}")
+_HALF = 10**16
+_OFFSET_RE = re.compile(r"\d{16}_\d{16}")
 
 DEFAULT_BUCKET = "default"
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
@@ -27,14 +28,14 @@ class InvalidName(ValueError):
 
 
 def format_offset(pos: int) -> str:
-    return f"{pos:016d}"
+    return f"{pos // _HALF:016d}_{pos % _HALF:016d}"
 
 
 def parse_offset(token: str) -> int | None:
     """Return the byte position of a server-minted offset, or None if malformed."""
-    if len(token) != OFFSET_DIGITS or not _OFFSET_RE.fullmatch(token):
+    if len(token) != 33 or not _OFFSET_RE.fullmatch(token):
         return None
-    return int(token)
+    return int(token[:16]) * _HALF + int(token[17:])
 
 
 def validate_bucket(name: str) -> str:

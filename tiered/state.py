@@ -15,7 +15,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from .content import DEFAULT_CONTENT_TYPE, is_json, media_type
-from .ids import DEFAULT_BUCKET
+from .ids import DEFAULT_BUCKET, format_offset
 from .records import Appended, BucketCreated, Record, StreamCreated, StreamDeleted, StreamExpired, StreamTouched
 
 
@@ -236,14 +236,13 @@ class StreamState:
 
     def decide_append(self, bucket: str, path: str, req: AppendRequest, now_ms: int) -> Appended | Duplicate:
         s = self.lookup(bucket, path, now_ms)
-        closed_headers = {"Stream-Closed": "true"}
         if s.closed:
             ident = (req.producer, req.epoch, req.seq) if req.producer is not None else None
             if ident is not None and ident == s.closed_by:
                 return Duplicate(s, req.epoch, req.seq)
             if not req.data and req.close:
                 return Duplicate(s, None, None)
-            raise StreamError(409, "stream is closed", closed_headers)
+            raise StreamError(409, "stream is closed", {"Stream-Closed": "true", "Stream-Next-Offset": format_offset(s.tail)})
         if req.data and req.content_type is not None and media_type(req.content_type) != media_type(s.content_type):
             raise StreamError(409, f"content type does not match the stream's ({s.content_type})")
         if req.producer is not None:
