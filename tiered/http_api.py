@@ -464,9 +464,12 @@ class StreamsApi:
                 v = self.service.view(s)
                 if offset < v.tail:
                     data, offset, up_to_date, closed = self._read_chunk(s, offset)
-                    await resp.write(_sse_data_event(data, s.json, binary))
                     cursor = next_cursor(time.time(), client_cursor)
-                    await resp.write(_sse_control_event(offset, cursor, up_to_date, closed))
+                    # One write per data+control pair: a reader never sees data
+                    # without the control event that positions it.
+                    await resp.write(
+                        _sse_data_event(data, s.json, binary) + _sse_control_event(offset, cursor, up_to_date, closed)
+                    )
                     sent_control = True
                     if closed:
                         break

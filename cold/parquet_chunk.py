@@ -1,0 +1,670 @@
+"""Cold-object format: one Parquet file packing records of many streams from many buckets.
+
+Schema (exact; every column is REQUIRED / ``not null``)::
+
+    column          arrow type   parquet physical / logical   notes
+    bucket          string       BYTE_ARRAY / STRING          dictionary encoded
+    stream          string       BYTE_ARRAY / STRING          dictionary encoded
+    start_offset    int64        INT64                        first byte offset of the record
+    end_offset      int64        INT64                        start_offset + len(payload)
+    append_time_ms  int64        INT64                        unix epoch milliseconds
+    payload         binary       BYTE_ARRAY                   raw record bytes, < 2 GiB each
+
+``append_time_ms`` is a plain int64 rather than ``timestamp[ms]`` so that every
+reader sees the same integer the hot tier stored, with no timezone/unit coercion.
+
+Layout rules:
+
+* Rows are sorted by ``(bucket, stream, start_offset)`` (ties, which only zero-length
+  records can produce, by ``end_offset``); the footer declares this via
+  ``sorting_columns``. Records of one stream are contiguous in offset.
+* zstd compression by default; min/max statistics are written for every column
+  except ``payload`` (payload statistics are useless and would bloat the footer
+  that every read fetches). ``bucket``/``stream`` are dictionary encoded.
+* Row groups hold about ``row_group_bytes`` of payload. A stream whose data is at
+  least ``row_group_bytes / 4`` is "big": it starts a new row group and no other
+  stream shares its row groups, so reading it never decodes foreign rows. Small
+  streams are packed together and never split, so reading one costs exactly one
+  row group. A record larger than ``row_group_bytes`` gets a row group of its own.
+* The footer carries the key/value pair ``tiered.cold_chunk.version = 1``.
+
+``encode_chunk`` returns the file bytes plus a ``ChunkIndex`` (msgspec, array-like)
+that the service persists in its metadata journal. With it a read plans exact
+ranged GETs (footer + only the overlapping row groups) without listing or opening
+the object first; ``read_stream_range`` / ``read_stream_bytes`` do exactly that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from bisect import bisect_left, bisect_right
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
+from operator import attrgetter
+from typing import Protocol
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "CHUNK_SCHEMA",
+    "ByteCache",
+    "ChunkIndex",
+    "ChunkRange",
+    "ColdRecord",
+    "Fetch",
+    "RowGroupSpan",
+    "StreamIndex",
+    "encode_chunk",
+    "iter_records",
+    "read_stream_bytes",
+    "read_stream_range",
+    "rebuild_index",
+]
+
+CHUNK_SCHEMA = pa.schema(
+    [
+        pa.field("bucket", pa.string(), nullable=False),
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("start_offset", pa.int64(), nullable=False),
+        pa.field("end_offset", pa.int64(), nullable=False),
+        pa.field("append_time_ms", pa.int64(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+    ]
+)
+
+FORMAT_KEY = b"tiered.cold_chunk.version"
+FORMAT_VERSION = b"1"
+
+_STAT_COLUMNS = ["bucket", "stream", "start_offset", "end_offset", "append_time_ms"]
+_DICT_COLUMNS = ["bucket", "stream"]
+_READ_COLUMNS = ["start_offset", "end_offset", "payload"]
+_KEY_COLUMNS = ["bucket", "stream", "start_offset", "end_offset"]
+_MAGIC = b"PAR1"
+_TRAILER = 8  # 4-byte little-endian footer length + magic
+
+# Sort key for rows; end_offset breaks ties between zero-length records.
+_SORT_KEY = attrgetter("bucket", "stream", "start_offset", "end_offset")
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ColdRecord(msgspec.Struct, frozen=True, gc=False):
+    """One appended record: bytes ``[start_offset, end_offset)`` of ``bucket/stream``."""
+
+    bucket: str
+    stream: str
+    start_offset: int
+    end_offset: int
+    append_time_ms: int
+    payload: bytes
+
+
+class RowGroupSpan(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Byte range ``[offset, offset + length)`` of one row group's column chunks."""
+
+    offset: int
+    length: int
+    num_rows: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class ChunkRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Offsets ``[start_offset, end_offset)`` of one stream stored in one row group.
+
+    The stream's rows are ``row_start .. row_start + num_rows`` of that row group,
+    so a reader can slice them out without comparing bucket/stream strings.
+    """
+
+    start_offset: int
+    end_offset: int
+    row_group: int
+    row_start: int
+    num_rows: int
+
+
+class StreamIndex(msgspec.Struct, frozen=True, array_like=True):
+    """Where one stream's data lives in the object: ranges in offset order."""
+
+    bucket: str
+    stream: str
+    ranges: tuple[ChunkRange, ...]
+
+    @property
+    def start_offset(self) -> int:
+        return self.ranges[0].start_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self.ranges[-1].end_offset
+
+
+class ChunkIndex(msgspec.Struct, frozen=True, array_like=True):
+    """Everything needed to plan ranged GETs against one cold object.
+
+    ``footer_length`` counts the Thrift metadata plus the 8-byte trailer, so the
+    footer is the last ``footer_length`` bytes of the ``file_size``-byte object.
+    ``streams`` is sorted by ``(bucket, stream)``.
+    """
+
+    file_size: int
+    footer_length: int
+    row_groups: tuple[RowGroupSpan, ...]
+    streams: tuple[StreamIndex, ...]
+
+    @property
+    def footer_offset(self) -> int:
+        return self.file_size - self.footer_length
+
+    def find(self, bucket: str, stream: str) -> StreamIndex | None:
+        """Binary-search the entry for ``bucket/stream``; None if absent."""
+        key = (bucket, stream)
+        i = bisect_left(self.streams, key, key=_stream_key)
+        if i < len(self.streams) and _stream_key(self.streams[i]) == key:
+            return self.streams[i]
+        return None
+
+    def for_stream(self, bucket: str, stream: str) -> ChunkIndex:
+        """A self-contained index restricted to one stream (row group numbering kept).
+
+        Lets the service persist per-stream entries instead of the whole index.
+        """
+        entry = self.find(bucket, stream)
+        if entry is None:
+            raise KeyError(f"{bucket}/{stream} is not in this chunk")
+        return ChunkIndex(self.file_size, self.footer_length, self.row_groups, (entry,))
+
+
+def _stream_key(entry: StreamIndex) -> tuple[str, str]:
+    return (entry.bucket, entry.stream)
+
+
+# -------------------------------------------------------------------------- writer
+
+
+def encode_chunk(
+    records: Iterable[ColdRecord],
+    *,
+    row_group_bytes: int = 1 << 20,
+    compression: str = "zstd",
+) -> tuple[bytes, ChunkIndex]:
+    """Encode records into one Parquet object and return ``(file_bytes, index)``.
+
+    Records may arrive in any order; they are sorted here. Raises ValueError for
+    empty input, a payload whose length disagrees with its offsets, or a stream
+    whose records are not contiguous (the index relies on contiguity).
+    """
+    if row_group_bytes <= 0:
+        raise ValueError(f"row_group_bytes must be positive, got {row_group_bytes}")
+    rows = sorted(records, key=_SORT_KEY)
+    if not rows:
+        raise ValueError("cannot encode an empty chunk")
+    runs = _stream_runs(rows)
+    groups = _plan_row_groups(rows, runs, row_group_bytes)
+    data = _write_parquet(rows, groups, compression)
+    keys = ([(r.bucket, r.stream, r.start_offset, r.end_offset) for r in rows[a:b]] for a, b in groups)
+    return data, _build_index(data, pq.read_metadata(pa.BufferReader(data)), keys)
+
+
+def _stream_runs(rows: Sequence[ColdRecord]) -> list[tuple[int, int, int]]:
+    """Split sorted rows into per-stream runs ``(first_row, end_row, payload_bytes)``.
+
+    Validates offsets on the way, since a gap would make the index lie.
+    """
+    runs: list[tuple[int, int, int]] = []
+    run_start, run_bytes = 0, 0
+    prev: ColdRecord | None = None
+    for i, rec in enumerate(rows):
+        size = len(rec.payload)
+        if rec.start_offset < 0 or rec.end_offset - rec.start_offset != size:
+            raise ValueError(
+                f"{rec.bucket}/{rec.stream}: offsets [{rec.start_offset}, {rec.end_offset}) "
+                f"do not match a {size}-byte payload"
+            )
+        if prev is not None and prev.stream == rec.stream and prev.bucket == rec.bucket:
+            if rec.start_offset != prev.end_offset:
+                raise ValueError(
+                    f"{rec.bucket}/{rec.stream}: records not contiguous "
+                    f"(offset {prev.end_offset} followed by {rec.start_offset})"
+                )
+        elif prev is not None:
+            runs.append((run_start, i, run_bytes))
+            run_start, run_bytes = i, 0
+        run_bytes += size
+        prev = rec
+    runs.append((run_start, len(rows), run_bytes))
+    return runs
+
+
+def _plan_row_groups(
+    rows: Sequence[ColdRecord], runs: Iterable[tuple[int, int, int]], target: int
+) -> list[tuple[int, int]]:
+    """Choose row group boundaries as ``[(first_row, end_row), ...]``.
+
+    Big streams (>= target/4) are isolated and cut every ~target bytes; small
+    streams are packed whole until the next one would overflow the target.
+    """
+    groups: list[tuple[int, int]] = []
+    group_start, group_bytes = 0, 0
+
+    def close(at: int) -> None:
+        nonlocal group_start, group_bytes
+        if at > group_start:
+            groups.append((group_start, at))
+            group_start, group_bytes = at, 0
+
+    for first, end, run_bytes in runs:
+        if run_bytes * 4 >= target:
+            close(first)
+            for i in range(first, end):
+                size = len(rows[i].payload)
+                if group_bytes + size > target:
+                    close(i)
+                group_bytes += size
+                if size > target:
+                    close(i + 1)  # oversized record: alone in its row group
+            close(end)
+        else:
+            if group_bytes + run_bytes > target:
+                close(first)
+            group_bytes += run_bytes
+    close(len(rows))
+    return groups
+
+
+def _write_parquet(rows: Sequence[ColdRecord], groups: Iterable[tuple[int, int]], compression: str) -> bytes:
+    """Write each planned group as exactly one Parquet row group."""
+    sink = pa.BufferOutputStream()
+    writer = pq.ParquetWriter(
+        sink,
+        CHUNK_SCHEMA,
+        compression=compression,
+        use_dictionary=_DICT_COLUMNS,
+        write_statistics=_STAT_COLUMNS,
+        store_schema=False,  # plain Parquet types already round-trip; keeps the footer small
+        sorting_columns=[pq.SortingColumn(i) for i in range(3)],
+    )
+    try:
+        for a, b in groups:
+            # One write_table call with row_group_size >= rows => one row group.
+            writer.write_table(_group_table(rows[a:b]), row_group_size=b - a)
+        writer.add_key_value_metadata({FORMAT_KEY: FORMAT_VERSION})
+    finally:
+        writer.close()
+    return sink.getvalue().to_pybytes()
+
+
+def _group_table(rows: Sequence[ColdRecord]) -> pa.Table:
+    return pa.Table.from_arrays(
+        [
+            pa.array([r.bucket for r in rows], pa.string()),
+            pa.array([r.stream for r in rows], pa.string()),
+            pa.array([r.start_offset for r in rows], pa.int64()),
+            pa.array([r.end_offset for r in rows], pa.int64()),
+            pa.array([r.append_time_ms for r in rows], pa.int64()),
+            pa.array([r.payload for r in rows], pa.binary()),
+        ],
+        schema=CHUNK_SCHEMA,
+    )
+
+
+# --------------------------------------------------------------------------- index
+
+
+def _build_index(
+    data: bytes,
+    metadata: pq.FileMetaData,
+    group_keys: Iterable[Iterable[tuple[str, str, int, int]]],
+) -> ChunkIndex:
+    """Combine footer byte ranges with per-row-group ``(bucket, stream, start, end)`` rows."""
+    file_size = len(data)
+    footer_length = _footer_length(data)
+    spans = tuple(_row_group_span(metadata.row_group(g)) for g in range(metadata.num_row_groups))
+    streams: dict[tuple[str, str], list[ChunkRange]] = {}
+    seen = 0
+    for g, keys in enumerate(group_keys):
+        for key, rng in _group_segments(g, keys):
+            streams.setdefault(key, []).append(rng)
+        seen = g + 1
+    if seen != len(spans) or not streams:
+        raise ValueError(f"{seen} row groups of rows but the footer lists {len(spans)}")
+    entries = tuple(StreamIndex(b, s, tuple(r)) for (b, s), r in streams.items())
+    return ChunkIndex(file_size, footer_length, spans, entries)
+
+
+def _group_segments(
+    group: int, keys: Iterable[tuple[str, str, int, int]]
+) -> Iterator[tuple[tuple[str, str], ChunkRange]]:
+    """Yield ``((bucket, stream), ChunkRange)`` per stream present in a row group, in row order."""
+    cur: tuple[str, str] | None = None
+    first_row = seg_start = seg_end = 0
+    row = -1
+    for row, (bucket, stream, start, end) in enumerate(keys):
+        if (bucket, stream) != cur:
+            if cur is not None:
+                yield cur, ChunkRange(seg_start, seg_end, group, first_row, row - first_row)
+            cur, first_row, seg_start = (bucket, stream), row, start
+        seg_end = end
+    if cur is not None:
+        yield cur, ChunkRange(seg_start, seg_end, group, first_row, row + 1 - first_row)
+
+
+def _footer_length(data: bytes) -> int:
+    """Length of the Thrift footer plus its 8-byte trailer, read from the file tail."""
+    if len(data) < 2 * len(_MAGIC) + _TRAILER or data[-4:] != _MAGIC:
+        raise ValueError("not a Parquet file")
+    (meta_len,) = struct.unpack("<I", data[-_TRAILER:-4])
+    return meta_len + _TRAILER
+
+
+def _row_group_span(rg: pq.RowGroupMetaData) -> RowGroupSpan:
+    """Byte range covering all column chunks (dictionary page included) of a row group."""
+    starts, ends = [], []
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        first = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+        starts.append(first)
+        ends.append(first + col.total_compressed_size)
+    return RowGroupSpan(min(starts), max(ends) - min(starts), rg.num_rows)
+
+
+def rebuild_index(data: bytes) -> ChunkIndex:
+    """Recompute the index of an existing object (for verify/repair tools)."""
+    pf = _open_whole(data)
+    group_keys = (
+        zip(*(t.column(c).to_pylist() for c in _KEY_COLUMNS), strict=True)
+        for t in (pf.read_row_group(g, columns=_KEY_COLUMNS) for g in range(pf.num_row_groups))
+    )
+    return _build_index(data, pf.metadata, group_keys)
+
+
+def iter_records(data: bytes) -> Iterator[ColdRecord]:
+    """Decode a whole object row group by row group, in stored (sorted) order."""
+    pf = _open_whole(data)
+    for g in range(pf.num_row_groups):
+        cols = pf.read_row_group(g).to_pydict()
+        for values in zip(*(cols[name] for name in CHUNK_SCHEMA.names), strict=True):
+            yield ColdRecord(*values)
+
+
+def _open_whole(data: bytes) -> pq.ParquetFile:
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    if (pf.metadata.metadata or {}).get(FORMAT_KEY) != FORMAT_VERSION:
+        raise ValueError("not a tiered cold chunk (format marker missing or unsupported)")
+    if not pf.schema_arrow.equals(CHUNK_SCHEMA):
+        raise ValueError(f"unexpected cold chunk schema: {pf.schema_arrow}")
+    return pf
+
+
+# -------------------------------------------------------------------------- reader
+
+Fetch = Callable[[int, int], Awaitable[bytes]]
+"""Ranged GET: ``fetch(start, end)`` returns bytes ``[start, end)`` of the object."""
+
+
+class ByteCache(Protocol):
+    """What the reader needs from a cache (``read_cache.ByteLRU`` fits)."""
+
+    def get(self, key: Hashable) -> bytes | None: ...
+
+    def put(self, key: Hashable, value: bytes) -> None: ...
+
+
+async def read_stream_range(
+    fetch: Fetch,
+    index: ChunkIndex,
+    bucket: str,
+    stream: str,
+    start: int,
+    end: int,
+    *,
+    cache: ByteCache | None = None,
+    object_key: Hashable | None = None,
+) -> list[tuple[int, bytes]]:
+    """Read stream bytes ``[start, end)`` as ``[(offset, piece), ...]``, one piece per record.
+
+    Pieces are record payloads trimmed to the range (a range may begin or end inside
+    a record); records with no bytes in the range are omitted. The range is clamped
+    to what this object holds for the stream. Fetches only the footer and the row
+    groups overlapping the range, concurrently; ``cache`` (keyed under
+    ``object_key``) can absorb either.
+    """
+    pieces: list[tuple[int, bytes]] = []
+    for rng, table in await _read_segments(fetch, index, bucket, stream, start, end, cache, object_key):
+        for pos, offsets, data in _payload_chunks(rng, table):
+            pieces.extend(_chunk_pieces(pos, offsets, data, start, end))
+    return pieces
+
+
+async def read_stream_bytes(
+    fetch: Fetch,
+    index: ChunkIndex,
+    bucket: str,
+    stream: str,
+    start: int,
+    end: int,
+    *,
+    cache: ByteCache | None = None,
+    object_key: Hashable | None = None,
+) -> bytes:
+    """Like ``read_stream_range`` but returns the contiguous bytes, skipping per-record work."""
+    parts: list[memoryview] = []
+    for rng, table in await _read_segments(fetch, index, bucket, stream, start, end, cache, object_key):
+        for pos, offsets, data in _payload_chunks(rng, table):
+            lo, hi = _chunk_window(pos, offsets, start, end)
+            if hi > lo:
+                parts.append(data[lo:hi])
+    return b"".join(parts)
+
+
+async def _read_segments(
+    fetch: Fetch,
+    index: ChunkIndex,
+    bucket: str,
+    stream: str,
+    start: int,
+    end: int,
+    cache: ByteCache | None,
+    object_key: Hashable | None,
+) -> list[tuple[ChunkRange, pa.Table]]:
+    """Fetch and decode the stream's rows of every row group overlapping ``[start, end)``."""
+    if start > end:
+        raise ValueError(f"start {start} > end {end}")
+    if cache is not None and object_key is None:
+        raise ValueError("object_key is required when a cache is given")
+    entry = index.find(bucket, stream)
+    if entry is None:
+        raise KeyError(f"{bucket}/{stream} is not in this chunk")
+    ranges = [r for r in entry.ranges if r.start_offset < end and r.end_offset > start]
+    if not ranges or start == end:
+        return []
+    footer, regions = await _load(fetch, index, [r.row_group for r in ranges], cache, object_key)
+    pf = pq.ParquetFile(
+        pa.PythonFile(_SparseFile(index.file_size, regions), mode="r"),
+        metadata=pq.read_metadata(pa.BufferReader(footer)),
+        pre_buffer=False,
+    )
+    return [(r, _segment_table(pf, r)) for r in ranges]
+
+
+def _segment_table(pf: pq.ParquetFile, rng: ChunkRange) -> pa.Table:
+    """Decode the stream's rows of one row group and check them against the index."""
+    table = pf.read_row_group(rng.row_group, columns=_READ_COLUMNS, use_threads=False)
+    table = table.slice(rng.row_start, rng.num_rows)
+    if (
+        table.num_rows != rng.num_rows
+        or table.column("start_offset")[0].as_py() != rng.start_offset
+        or table.column("end_offset")[-1].as_py() != rng.end_offset
+    ):
+        raise ValueError(f"chunk index does not match object at row group {rng.row_group}")
+    return table
+
+
+async def _load(
+    fetch: Fetch,
+    index: ChunkIndex,
+    row_groups: list[int],
+    cache: ByteCache | None,
+    object_key: Hashable | None,
+) -> tuple[bytes | memoryview, list[tuple[int, memoryview]]]:
+    """Return the footer and ``(file_offset, bytes)`` regions covering ``row_groups``.
+
+    Cache misses are fetched concurrently; adjacent row groups share one GET.
+    """
+    cached_footer = cache.get((object_key, "footer")) if cache is not None else None
+    regions: list[tuple[int, memoryview]] = []
+    missing: list[int] = []
+    for g in row_groups:
+        hit = cache.get((object_key, "rg", g)) if cache is not None else None
+        if hit is None:
+            missing.append(g)
+        else:
+            regions.append((index.row_groups[g].offset, memoryview(hit)))
+
+    runs = _adjacent_runs(index.row_groups, missing)
+    requests = [(index.row_groups[a].offset, index.row_groups[b].end) for a, b in runs]
+    if cached_footer is None:
+        requests.append((index.footer_offset, index.file_size))
+    results = await asyncio.gather(*(_fetch_exact(fetch, lo, hi) for lo, hi in requests))
+
+    footer: bytes | memoryview
+    if cached_footer is None:
+        footer = results.pop()
+        if bytes(footer[-4:]) != _MAGIC:
+            raise ValueError("fetched footer does not end with the Parquet magic")
+        if cache is not None:
+            cache.put((object_key, "footer"), bytes(footer))
+    else:
+        footer = cached_footer
+    for (a, b), buf in zip(runs, results, strict=True):
+        base = index.row_groups[a].offset
+        regions.append((base, buf))
+        if cache is not None:
+            for g in range(a, b + 1):
+                span = index.row_groups[g]
+                cache.put((object_key, "rg", g), bytes(buf[span.offset - base : span.end - base]))
+    regions.append((index.footer_offset, memoryview(footer)))
+    return footer, regions
+
+
+def _adjacent_runs(spans: Sequence[RowGroupSpan], groups: list[int]) -> list[tuple[int, int]]:
+    """Group row group numbers into ``(first, last)`` runs that are contiguous on disk."""
+    runs: list[tuple[int, int]] = []
+    for g in sorted(set(groups)):
+        if runs and runs[-1][1] == g - 1 and spans[g - 1].end == spans[g].offset:
+            runs[-1] = (runs[-1][0], g)
+        else:
+            runs.append((g, g))
+    return runs
+
+
+async def _fetch_exact(fetch: Fetch, start: int, end: int) -> memoryview:
+    data = memoryview(await fetch(start, end))
+    if len(data) != end - start:
+        raise OSError(f"ranged GET [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
+    return data
+
+
+class _SparseFile:
+    """Read-only file-like view of an object of which only some regions were fetched.
+
+    pyarrow reads through it as if it had the whole object. Touching any byte
+    outside the fetched regions raises, so a successful read proves no other row
+    group was needed. Reads return memoryview slices, which pyarrow wraps
+    without copying.
+    """
+
+    closed = False
+
+    def __init__(self, size: int, regions: list[tuple[int, memoryview]]) -> None:
+        self._size = size
+        self._regions = sorted(regions, key=lambda r: r[0])
+        self._starts = [offset for offset, _ in self._regions]
+        self._pos = 0
+
+    def read(self, n: int = -1) -> memoryview:
+        end = self._size if n < 0 else min(self._pos + n, self._size)
+        if end <= self._pos:
+            return memoryview(b"")
+        i = bisect_right(self._starts, self._pos) - 1
+        if i >= 0:
+            offset, buf = self._regions[i]
+            if end - offset <= len(buf):
+                view = buf[self._pos - offset : end - offset]
+                self._pos = end
+                return view
+        raise OSError(f"read of [{self._pos}, {end}) is outside the fetched byte ranges")
+
+    read_buffer = read
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._size)[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _payload_chunks(rng: ChunkRange, table: pa.Table) -> Iterator[tuple[int, memoryview, memoryview]]:
+    """Yield ``(stream offset of first byte, value offsets, data)`` per Arrow chunk.
+
+    Because a stream's payloads are contiguous in offset, byte ``k`` of the
+    chunk's data sits at stream offset ``pos + k - offsets[0]``; no per-row
+    offset columns are needed to trim.
+    """
+    pos = rng.start_offset
+    for chunk in table.column("payload").chunks:
+        if len(chunk) == 0:
+            continue
+        _, off_buf, data_buf = chunk.buffers()
+        offsets = memoryview(off_buf).cast("i")[chunk.offset : chunk.offset + len(chunk) + 1]
+        data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+        yield pos, offsets, data
+        pos += offsets[-1] - offsets[0]
+
+
+def _chunk_window(pos: int, offsets: memoryview, start: int, end: int) -> tuple[int, int]:
+    """Data-buffer byte window of a chunk that falls inside stream range ``[start, end)``."""
+    base, top = offsets[0], offsets[-1]
+    lo = base + min(max(start - pos, 0), top - base)
+    hi = base + max(min(end - pos, top - base), 0)
+    return lo, hi
+
+
+def _chunk_pieces(
+    pos: int, offsets: memoryview, data: memoryview, start: int, end: int
+) -> Iterator[tuple[int, bytes]]:
+    """Per-record pieces of one chunk, trimmed to ``[start, end)``."""
+    lo, hi = _chunk_window(pos, offsets, start, end)
+    if hi <= lo:
+        return
+    base = offsets[0]
+    # Last record beginning at or before lo; zero-length records there are skipped.
+    i = bisect_right(offsets, lo) - 1
+    last = len(offsets) - 1
+    while i < last and offsets[i] < hi:
+        a, b = max(offsets[i], lo), min(offsets[i + 1], hi)
+        if b > a:
+            yield pos + a - base, bytes(data[a:b])
+        i += 1
