@@ -27,6 +27,17 @@ _HELP = {
     "read_chunk_bytes": "largest body a catch-up read returns; clients follow Stream-Next-Offset",
     "snapshot_every_bytes": "journal bytes between state snapshots (bounds restart replay time)",
     "log_level": "debug, info, warning or error",
+    "cold_store": "where sealed data goes: 'local' (a directory under the data dir, the default) or 's3'",
+    "s3_bucket": "S3 bucket for cold objects (credentials come from the standard AWS chain: env, profile, role)",
+    "s3_prefix": "key prefix for this server's cold objects inside the bucket",
+    "s3_endpoint": "endpoint URL for S3-compatible stores (MinIO, R2, Ceph...); empty for AWS",
+    "s3_region": "S3 region (default from the AWS chain)",
+    "s3_path_style": "use path-style addressing (true/false), needed by many S3-compatible stores",
+    "flush_interval_s": "how often sealed hot data is flushed to the cold tier (default 1)",
+    "flush_bytes": "flush early once this many bytes are waiting (default 8 MiB)",
+    "cold_object_bytes": "target size of one cold object (default 16 MiB)",
+    "hot_retention_s": "keep hot copies this long after they are cold (0: drop at once; default 60)",
+    "read_cache_bytes": "memory for cached Parquet footers and row groups (default 64 MiB)",
 }
 
 

@@ -35,6 +35,18 @@ class Config:
     read_chunk_bytes: int = 4 * MiB
     snapshot_every_bytes: int = 256 * MiB
     log_level: str = "info"
+    # Cold tier.
+    cold_store: str = "local"
+    s3_bucket: str = ""
+    s3_prefix: str = ""
+    s3_endpoint: str = ""
+    s3_region: str = ""
+    s3_path_style: bool = False
+    flush_interval_s: float = 1.0
+    flush_bytes: int = 8 * MiB
+    cold_object_bytes: int = 16 * MiB
+    hot_retention_s: float = 60.0
+    read_cache_bytes: int = 64 * MiB
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -50,6 +62,14 @@ class Config:
                 raise ConfigError(f"{name} must be positive")
         if self.long_poll_timeout_s <= 0 or self.sse_max_connection_s <= 0:
             raise ConfigError("timeouts must be positive")
+        if self.cold_store not in ("local", "s3"):
+            raise ConfigError("cold_store must be 'local' or 's3'")
+        if self.cold_store == "s3" and not self.s3_bucket:
+            raise ConfigError("cold_store = 's3' needs s3_bucket")
+        if self.flush_interval_s <= 0 or self.flush_bytes <= 0 or self.cold_object_bytes <= 0:
+            raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
+        if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
+            raise ConfigError("hot_retention_s and read_cache_bytes must not be negative")
 
     @property
     def data_path(self) -> Path:
@@ -61,7 +81,16 @@ class ConfigError(ValueError):
 
 
 def _coerce(field_type: Any, raw: Any, name: str) -> Any:
-    kind = field_type if isinstance(field_type, type) else {"int": int, "float": float, "str": str}.get(str(field_type))
+    kind = field_type if isinstance(field_type, type) else {"int": int, "float": float, "str": str, "bool": bool}.get(str(field_type))
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {raw!r}")
     try:
         if kind is int:
             return int(raw)

@@ -33,7 +33,14 @@ from .content import (
     media_type,
     valid_media_type,
 )
-from .ids import DEFAULT_BUCKET, InvalidName, format_offset, parse_offset, validate_bucket, validate_stream_path
+from .ids import (
+    DEFAULT_BUCKET,
+    InvalidName,
+    format_offset,
+    parse_offset,
+    validate_bucket,
+    validate_stream_path,
+)
 from .live import TooManyWaiters
 from .protocol import BadRequest, next_cursor, parse_closed, parse_expires_at, parse_uint
 from .service import StreamService
@@ -157,7 +164,7 @@ class StreamsApi:
             raise BadRequest(f"invalid Content-Type {content_type!r}")
         ttl_s, expires_at, expires_at_ms = self._expiry(h)
         closed = parse_closed(h.get("Stream-Closed"))
-        fork = self._fork_request(h)
+        fork = await self._fork_request(h)
         body = await request.read()
         effective_type = content_type
         if fork is not None and content_type is None:
@@ -199,7 +206,7 @@ class StreamsApi:
             return None, exp_raw, parse_expires_at(exp_raw)
         return ttl_s, None, None
 
-    def _fork_request(self, h) -> ForkRequest | None:  # type: ignore[no-untyped-def]
+    async def _fork_request(self, h) -> ForkRequest | None:  # type: ignore[no-untyped-def]
         source_url = h.get("Stream-Forked-From")
         offset_raw = h.get("Stream-Fork-Offset")
         sub_raw = h.get("Stream-Fork-Sub-Offset")
@@ -229,14 +236,14 @@ class StreamsApi:
             offset = parsed
         sub = parse_uint(sub_raw, "Stream-Fork-Sub-Offset") if sub_raw is not None else 0
         if sub:
-            offset = self._resolve_sub_offset(source, offset, sub, v.tail)
+            offset = await self._resolve_sub_offset(source, offset, sub, v.tail)
         spec = f"{src_bucket}/{src_path}@{offset_raw or ''}+{sub}"
         return ForkRequest(source_uid=source.uid, offset=offset, spec=spec)
 
-    def _resolve_sub_offset(self, source: Stream, anchor: int, sub: int, tail: int) -> int:
+    async def _resolve_sub_offset(self, source: Stream, anchor: int, sub: int, tail: int) -> int:
         """Move a fork point ``sub`` bytes (or JSON messages) past ``anchor``."""
         if source.json:
-            data = self.service.read(source, anchor, tail)
+            data = await self.service.read(source, anchor, tail)
             pos = 0
             for _ in range(sub):
                 nl = data.find(b"\n", pos)
@@ -375,17 +382,17 @@ class StreamsApi:
             if v.closed:
                 headers["Stream-Closed"] = "true"
             return web.Response(status=200, body=b"[]" if s.json else b"", headers=headers)
-        return self._chunk_response(request, s, offset, cursor=None)
+        return await self._chunk_response(request, s, offset, cursor=None)
 
-    def _read_chunk(self, s: Stream, offset: int) -> tuple[bytes, int, bool, bool]:
+    async def _read_chunk(self, s: Stream, offset: int) -> tuple[bytes, int, bool, bool]:
         """(stored bytes, next offset, up to date, closed-at-end) from ``offset``."""
         v = self.service.view(s)
         end = min(v.tail, offset + self.config.read_chunk_bytes)
-        data = self.service.read(s, offset, end) if end > offset else b""
+        data = await self.service.read(s, offset, end) if end > offset else b""
         if s.json and end < v.tail and data:
             cut = data.rfind(b"\n") + 1
             if cut == 0:  # one message larger than a chunk: send it whole
-                rest = self.service.read(s, end, v.tail)
+                rest = await self.service.read(s, end, v.tail)
                 cut = len(data) + rest.find(b"\n") + 1
                 data = data + rest[: cut - len(data)]
             data = data[:cut]
@@ -393,8 +400,8 @@ class StreamsApi:
         up_to_date = end >= v.tail
         return data, end, up_to_date, up_to_date and v.closed
 
-    def _chunk_response(self, request: web.Request, s: Stream, offset: int, cursor: str | None) -> web.Response:
-        data, end, up_to_date, closed = self._read_chunk(s, offset)
+    async def _chunk_response(self, request: web.Request, s: Stream, offset: int, cursor: str | None) -> web.Response:
+        data, end, up_to_date, closed = await self._read_chunk(s, offset)
         etag = f'"{s.uid}:{format_offset(offset)}:{format_offset(end)}{":c" if closed else ""}"'
         headers = {
             "Content-Type": s.content_type,
@@ -419,7 +426,7 @@ class StreamsApi:
         while True:
             v = self.service.view(s)
             if offset < v.tail:
-                return self._chunk_response(request, s, offset, cursor)
+                return await self._chunk_response(request, s, offset, cursor)
             if v.closed:
                 return web.Response(
                     status=204,
@@ -463,7 +470,7 @@ class StreamsApi:
                     break
                 v = self.service.view(s)
                 if offset < v.tail:
-                    data, offset, up_to_date, closed = self._read_chunk(s, offset)
+                    data, offset, up_to_date, closed = await self._read_chunk(s, offset)
                     cursor = next_cursor(time.time(), client_cursor)
                     # One write per data+control pair: a reader never sees data
                     # without the control event that positions it.

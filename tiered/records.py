@@ -14,6 +14,8 @@ from typing import Union
 
 import msgspec
 
+from tiered.cold.parquet_chunk import ChunkIndex
+
 
 class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
     pass
@@ -69,6 +71,47 @@ class StreamExpired(_Record, tag="expire.v1"):
     ts_ms: int
 
 
+class CopyRange(msgspec.Struct, array_like=True, frozen=True):
+    """A stream's byte range ``[start, end)`` that a cold object holds."""
+
+    uid: int
+    start: int
+    end: int
+
+
+class ColdCopyStarted(_Record, tag="cold.copy-start.v1"):
+    """Intent, journaled before the upload: a crash leaves a known orphan key."""
+
+    key: str
+    ts_ms: int
+    ranges: tuple[CopyRange, ...]
+
+
+class ColdCopyCommitted(_Record, tag="cold.copy-finish.v1"):
+    """The object is durably uploaded: its ranges are now served from it."""
+
+    key: str
+    ts_ms: int
+    size: int
+    index: ChunkIndex
+    ranges: tuple[CopyRange, ...]
+
+
+class ColdCopyAborted(_Record, tag="cold.copy-abort.v1"):
+    """The upload will not be committed; the key (if written) is an orphan."""
+
+    key: str
+    ts_ms: int
+    reason: str
+
+
+class HotTrimmed(_Record, tag="hot.trim.v1"):
+    """Hot copies below each offset are no longer needed (they are cold)."""
+
+    ts_ms: int
+    trims: tuple[tuple[int, int], ...]  # (uid, offset)
+
+
 Record = Union[
     BucketCreated,
     StreamCreated,
@@ -76,6 +119,10 @@ Record = Union[
     StreamDeleted,
     StreamTouched,
     StreamExpired,
+    ColdCopyStarted,
+    ColdCopyCommitted,
+    ColdCopyAborted,
+    HotTrimmed,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

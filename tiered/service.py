@@ -13,6 +13,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+from tiered.cold.backends import open_object_store
+from tiered.cold.flusher import ColdFlusher
+from tiered.cold.reader import ColdReader
+from tiered.cold.store import ObjectStore, ObjectStoreError
 from tiered.hot.log import SegmentLog
 
 from .config import Config
@@ -20,7 +24,7 @@ from .journal import Journal, JournalFailed
 from .live import Visibility, VisibleView, Waiters
 from .records import Appended, Record, StreamCreated, StreamDeleted, StreamExpired
 from .snapshot import SnapshotStore
-from .state import AppendRequest, CreateRequest, Duplicate, Stream, StreamError, StreamState
+from .state import AppendRequest, ColdSlice, CreateRequest, Duplicate, Stream, StreamError, StreamState
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +58,53 @@ class StreamService:
         self.waiters = Waiters(config.max_waiters)
         self._tasks: list[asyncio.Task[None]] = []
         self._snapshotting = False
+        self.store: ObjectStore | None = None
+        self.cold_reader: ColdReader | None = None
+        self.flusher: ColdFlusher | None = None
+        self._flusher_task: asyncio.Task[None] | None = None
+        self._last_segment_snapshot = 0.0
 
     # ------------------------------------------------------------- lifecycle
 
-    async def start(self) -> None:
+    async def start(self, *, run_flusher: bool = True) -> None:
         loop = asyncio.get_running_loop()
         self.state = await loop.run_in_executor(None, self.journal.recover)
         self.journal.start()
+        c = self.config
+        self.store = await open_object_store(
+            c.cold_store,
+            local_root=c.data_path / "cold",
+            s3_bucket=c.s3_bucket,
+            s3_prefix=c.s3_prefix,
+            s3_endpoint=c.s3_endpoint,
+            s3_region=c.s3_region,
+            s3_path_style=c.s3_path_style,
+        )
+        self.cold_reader = ColdReader(self.store, c.read_cache_bytes)
+        self.flusher = ColdFlusher(
+            self,
+            self.store,
+            interval_s=c.flush_interval_s,
+            flush_bytes=c.flush_bytes,
+            target_object_bytes=c.cold_object_bytes,
+            hot_retention_s=c.hot_retention_s,
+        )
+        if run_flusher:
+            self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        if self._flusher_task is not None:
+            self._flusher_task.cancel()
+            try:
+                await self._flusher_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for task in list(self._tasks):
             task.cancel()
         self.waiters.notify_all()
         await self.journal.close(self.state)
+        if self.store is not None:
+            await self.store.close()
 
     # ---------------------------------------------------------------- writes
 
@@ -146,6 +184,29 @@ class StreamService:
         except JournalFailed as exc:
             raise StreamError(503, f"write not durable: {exc}", {"Retry-After": "5"}) from None
 
+    async def commit_records(self, records: list[Record]) -> None:
+        """Journal, apply and wait for durability (background jobs' entry point)."""
+        self._check_writable()
+        await self._durable(self._commit(records))
+
+    async def delete_unreferenced_segments(self) -> int:
+        """Delete sealed hot segments no stream reads and no replay needs."""
+        log_ = self.journal.log
+        active = log_.end.segment
+        referenced = self.state.referenced_segments()
+        unreferenced = [sid for sid in log_.segment_ids() if sid < active and sid not in referenced]
+        floor = self.journal.snapshots.oldest_position()
+        deleted = 0
+        for sid in unreferenced:
+            if floor is not None and sid < floor.segment:
+                log_.delete_segment(sid)
+                deleted += 1
+        if deleted < len(unreferenced) and time.monotonic() - self._last_segment_snapshot > 10:
+            # Replay still starts before them: a fresh snapshot moves the floor on.
+            self._last_segment_snapshot = time.monotonic()
+            await self.journal.snapshot(self.state)
+        return deleted
+
     async def create_bucket(self, name: str) -> bool:
         await self._admit()
         records = self.state.decide_bucket(name, now_ms())
@@ -176,6 +237,8 @@ class StreamService:
         future = self._commit([decided])
         s = self.state.streams[decided.uid]
         tail, closed = s.tail, s.closed
+        if self.flusher is not None and self.state.hot_bytes >= self.config.flush_bytes:
+            self.flusher.kick()
         await self._durable(future)
         return AppendResult(s, tail, closed, False, decided.epoch, decided.seq)
 
@@ -197,14 +260,31 @@ class StreamService:
     def view(self, s: Stream) -> VisibleView:
         return self.visibility.view(s)
 
-    def read(self, s: Stream, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of a stream; callers stay within the visible tail."""
+    async def read(self, s: Stream, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a stream, stitched from cold objects and hot segments.
+
+        Callers stay within the visible tail. A cold read that the object
+        store cannot serve raises a 503 ``StreamError`` rather than hanging.
+        """
         slices = self.state.plan_read(s, start, end)
         read = self.journal.log.read
-        if len(slices) == 1:
-            sl = slices[0]
-            return read(sl.segment, sl.position, sl.length)
-        return b"".join([read(sl.segment, sl.position, sl.length) for sl in slices])
+        parts: list[bytes] = []
+        for sl in slices:
+            if isinstance(sl, ColdSlice):
+                parts.append(await self._read_cold(sl))
+            else:
+                parts.append(read(sl.segment, sl.position, sl.length))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _read_cold(self, sl: ColdSlice) -> bytes:
+        obj = self.state.cold_objects.get(sl.key)
+        if obj is None or self.cold_reader is None:
+            raise StreamError(503, "cold data is not available right now", {"Retry-After": "1"})
+        try:
+            return await self.cold_reader.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
+        except ObjectStoreError as exc:
+            log.warning("cold read of %s failed: %s", sl.key, exc)
+            raise StreamError(503, "the object store is unavailable; retry shortly", {"Retry-After": "2"}) from None
 
     async def wait_for_change(self, s: Stream, offset: int, timeout: float) -> bool:
         """Park until the stream's visible tail passes ``offset`` or it closes."""

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import msgspec
 
+from tiered.cold.parquet_chunk import ChunkIndex
 from tiered.hot.log import LogPosition
 from tiered.hot.segment import crc32c, fsync_dir
 
-from .state import HotChunks, ProducerState, Stream, StreamState
+from .state import ColdObject, ColdRef, HotChunks, ProducerState, Stream, StreamState
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 _MAGIC = b"TSNP"
 _HEADER = struct.Struct("<4sII")  # magic, version, crc32c(body)
 
@@ -44,10 +45,19 @@ class StreamSnap(msgspec.Struct, array_like=True):
     closed_by: tuple[str, int, int] | None
     producers: dict[str, tuple[int, int]]
     stream_seq: str | None
-    chunks: tuple[bytes, bytes, bytes, bytes]
+    chunks: tuple[bytes, bytes, bytes, bytes, bytes]
+    cold_refs: list[tuple[int, int, str]]
+    cold_end: int
     forks: int
     soft_deleted: bool
     last_access_ms: int
+
+
+class ColdObjectSnap(msgspec.Struct, array_like=True):
+    key: str
+    size: int
+    created_ms: int
+    index: ChunkIndex
 
 
 class StateSnap(msgspec.Struct, array_like=True):
@@ -56,6 +66,8 @@ class StateSnap(msgspec.Struct, array_like=True):
     next_uid: int
     buckets: dict[str, int]
     streams: list[StreamSnap]
+    cold_objects: list[ColdObjectSnap]
+    copies_in_flight: dict[str, int]
 
 
 def _stream_snap(s: Stream) -> StreamSnap:
@@ -77,7 +89,9 @@ def _stream_snap(s: Stream) -> StreamSnap:
         closed_by=s.closed_by,
         producers={k: (p.epoch, p.last_seq) for k, p in s.producers.items()},
         stream_seq=s.stream_seq,
-        chunks=(c.starts.tobytes(), c.lens.tobytes(), c.segs.tobytes(), c.poss.tobytes()),
+        chunks=tuple(a.tobytes() for a in c.arrays()),  # type: ignore[arg-type]
+        cold_refs=[(r.start, r.end, r.key) for r in s.cold_refs],
+        cold_end=s.cold_end,
         forks=s.forks,
         soft_deleted=s.soft_deleted,
         last_access_ms=s.last_access_ms,
@@ -86,7 +100,7 @@ def _stream_snap(s: Stream) -> StreamSnap:
 
 def _stream_from_snap(n: StreamSnap) -> Stream:
     chunks = HotChunks()
-    for arr, raw in zip((chunks.starts, chunks.lens, chunks.segs, chunks.poss), n.chunks, strict=True):
+    for arr, raw in zip(chunks.arrays(), n.chunks, strict=True):
         arr.frombytes(raw)
     return Stream(
         uid=n.uid,
@@ -106,6 +120,8 @@ def _stream_from_snap(n: StreamSnap) -> Stream:
         producers={k: ProducerState(e, q) for k, (e, q) in n.producers.items()},
         stream_seq=n.stream_seq,
         chunks=chunks,
+        cold_refs=[ColdRef(a, b, k) for a, b, k in n.cold_refs],
+        cold_end=n.cold_end,
         forks=n.forks,
         soft_deleted=n.soft_deleted,
         last_access_ms=n.last_access_ms,
@@ -120,6 +136,8 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         next_uid=state.next_uid,
         buckets=dict(state.buckets),
         streams=[_stream_snap(s) for s in state.streams.values()],
+        cold_objects=[ColdObjectSnap(o.key, o.size, o.created_ms, o.index) for o in state.cold_objects.values()],
+        copies_in_flight=dict(state.copies_in_flight),
     )
     body = msgspec.msgpack.encode(snap)
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
@@ -140,7 +158,13 @@ def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
         s = _stream_from_snap(n)
         state.streams[s.uid] = s
         state.paths[(s.bucket, s.path)] = s.uid
-        state.hot_bytes += sum(s.chunks.lens)
+        state.hot_bytes += s.tail - s.cold_end
+    for o in snap.cold_objects:
+        state.cold_objects[o.key] = ColdObject(o.key, o.size, o.created_ms, o.index)
+    for s in state.streams.values():  # reference counts are derived, not stored
+        for ref in s.cold_refs:
+            state.cold_objects[ref.key].refs += 1
+    state.copies_in_flight = dict(snap.copies_in_flight)
     return state, LogPosition(snap.log_segment, snap.log_offset)
 
 

@@ -14,9 +14,23 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
+from tiered.cold.parquet_chunk import ChunkIndex
+
 from .content import DEFAULT_CONTENT_TYPE, is_json, media_type
 from .ids import DEFAULT_BUCKET, format_offset
-from .records import Appended, BucketCreated, Record, StreamCreated, StreamDeleted, StreamExpired, StreamTouched
+from .records import (
+    Appended,
+    BucketCreated,
+    ColdCopyAborted,
+    ColdCopyCommitted,
+    ColdCopyStarted,
+    HotTrimmed,
+    Record,
+    StreamCreated,
+    StreamDeleted,
+    StreamExpired,
+    StreamTouched,
+)
 
 
 class StreamError(Exception):
@@ -38,22 +52,58 @@ class ProducerState:
 class HotChunks:
     """Where a stream's hot bytes live: parallel arrays, one entry per append."""
 
-    __slots__ = ("starts", "lens", "segs", "poss")
+    __slots__ = ("starts", "lens", "segs", "poss", "times")
 
     def __init__(self) -> None:
         self.starts = array("q")
         self.lens = array("q")
         self.segs = array("q")
         self.poss = array("q")
+        self.times = array("q")
 
-    def add(self, start: int, length: int, seg: int, pos: int) -> None:
+    def arrays(self) -> tuple[array, array, array, array, array]:
+        return self.starts, self.lens, self.segs, self.poss, self.times
+
+    def add(self, start: int, length: int, seg: int, pos: int, ts_ms: int) -> None:
         self.starts.append(start)
         self.lens.append(length)
         self.segs.append(seg)
         self.poss.append(pos)
+        self.times.append(ts_ms)
+
+    def trim_below(self, offset: int) -> None:
+        """Forget chunks that end at or before ``offset``."""
+        n = 0
+        while n < len(self.starts) and self.starts[n] + self.lens[n] <= offset:
+            n += 1
+        if n:
+            for arr in self.arrays():
+                del arr[:n]
+
+    @property
+    def start(self) -> int | None:
+        return self.starts[0] if self.starts else None
 
     def __len__(self) -> int:
         return len(self.starts)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdRef:
+    """A stream range served by a cold object."""
+
+    start: int
+    end: int
+    key: str
+
+
+@dataclass(slots=True)
+class ColdObject:
+    key: str
+    size: int
+    created_ms: int
+    index: ChunkIndex
+    refs: int = 0  # live stream ranges that read from it
 
 
 @dataclass(slots=True)
@@ -75,6 +125,8 @@ class Stream:
     producers: dict[str, ProducerState] = field(default_factory=dict)
     stream_seq: str | None = None
     chunks: HotChunks = field(default_factory=HotChunks)
+    cold_refs: list[ColdRef] = field(default_factory=list)
+    cold_end: int = -1  # own data below this is in cold objects (set to fork_offset at creation)
     forks: int = 0  # live forks that read through this stream
     soft_deleted: bool = False
     last_access_ms: int = 0
@@ -135,6 +187,18 @@ class HotSlice:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class ColdSlice:
+    key: str
+    bucket: str
+    path: str
+    start: int
+    end: int
+
+
+ReadSlice = HotSlice | ColdSlice
+
+
 class StreamState:
     """All streams and buckets, and the rules that change them."""
 
@@ -144,6 +208,8 @@ class StreamState:
         self.buckets: dict[str, int] = {DEFAULT_BUCKET: 0}
         self.next_uid = 1
         self.hot_bytes = 0  # bytes that live only in hot segments
+        self.cold_objects: dict[str, ColdObject] = {}
+        self.copies_in_flight: dict[str, int] = {}  # key -> started ms
 
     # ------------------------------------------------------------- lookups
 
@@ -300,7 +366,7 @@ class StreamState:
             if record.data:
                 if location is None:
                     raise ValueError("an append with data needs its location")
-                s.chunks.add(record.offset, len(record.data), location[0], location[1])
+                s.chunks.add(record.offset, len(record.data), location[0], location[1], record.ts_ms)
                 s.tail = record.offset + len(record.data)
                 self.hot_bytes += len(record.data)
             if record.producer is not None:
@@ -326,6 +392,7 @@ class StreamState:
                 fork_offset=record.fork_offset,
                 fork_spec=record.fork_spec,
                 tail=record.fork_offset,
+                cold_end=record.fork_offset,
                 closed=record.closed,
                 last_access_ms=record.ts_ms,
                 touch_journaled_ms=record.ts_ms,
@@ -333,7 +400,7 @@ class StreamState:
             if record.data:
                 if location is None:
                     raise ValueError("a create with data needs its location")
-                s.chunks.add(record.fork_offset, len(record.data), location[0], location[1])
+                s.chunks.add(record.fork_offset, len(record.data), location[0], location[1], record.ts_ms)
                 s.tail += len(record.data)
                 self.hot_bytes += len(record.data)
             self.streams[s.uid] = s
@@ -353,14 +420,53 @@ class StreamState:
             s.touch_journaled_ms = record.ts_ms
         elif isinstance(record, BucketCreated):
             self.buckets.setdefault(record.name, record.ts_ms)
+        elif isinstance(record, ColdCopyStarted):
+            self.copies_in_flight[record.key] = record.ts_ms
+        elif isinstance(record, ColdCopyCommitted):
+            self._apply_copy_committed(record)
+        elif isinstance(record, ColdCopyAborted):
+            self.copies_in_flight.pop(record.key, None)
+        elif isinstance(record, HotTrimmed):
+            for uid, offset in record.trims:
+                trimmed = self.streams.get(uid)
+                if trimmed is not None:
+                    trimmed.chunks.trim_below(min(offset, trimmed.cold_end))
         else:  # pragma: no cover - the Record union is closed
             raise TypeError(f"unknown record {record!r}")
+
+    def _apply_copy_committed(self, record: ColdCopyCommitted) -> None:
+        self.copies_in_flight.pop(record.key, None)
+        obj = self.cold_objects.get(record.key)
+        if obj is None:
+            obj = ColdObject(record.key, record.size, record.ts_ms, record.index)
+            self.cold_objects[record.key] = obj
+        for r in record.ranges:
+            s = self.streams.get(r.uid)
+            # A range is taken only if it extends the stream's cold prefix exactly;
+            # anything else (stream gone, range already cold) leaves it unowned.
+            if s is None or r.start != s.cold_end or r.end > s.tail:
+                continue
+            s.cold_refs.append(ColdRef(r.start, r.end, record.key))
+            s.cold_end = r.end
+            self.hot_bytes -= r.end - r.start
+            obj.refs += 1
+
+    def referenced_segments(self) -> set[int]:
+        """Hot segments some stream still reads from."""
+        segs: set[int] = set()
+        for s in self.streams.values():
+            segs.update(s.chunks.segs)
+        return segs
 
     def _remove(self, s: Stream) -> None:
         """Drop a stream; a soft-deleted source whose last fork this was goes too."""
         while True:
             del self.streams[s.uid]
-            self.hot_bytes -= sum(s.chunks.lens)
+            self.hot_bytes -= s.tail - s.cold_end
+            for ref in s.cold_refs:
+                obj = self.cold_objects.get(ref.key)
+                if obj is not None:
+                    obj.refs -= 1
             if self.paths.get((s.bucket, s.path)) == s.uid:
                 del self.paths[(s.bucket, s.path)]
             if s.fork_source is None:
@@ -373,16 +479,25 @@ class StreamState:
 
     # ------------------------------------------------------------- reads
 
-    def plan_read(self, s: Stream, start: int, end: int) -> list[HotSlice]:
+    def plan_read(self, s: Stream, start: int, end: int) -> list[ReadSlice]:
         """Slices covering ``[start, end)`` of a stream, through its fork ancestry."""
-        slices: list[HotSlice] = []
+        slices: list[ReadSlice] = []
         self._plan(s, start, end, slices)
         return slices
 
-    def _plan(self, s: Stream, start: int, end: int, out: list[HotSlice]) -> None:
+    def _plan(self, s: Stream, start: int, end: int, out: list[ReadSlice]) -> None:
         if start < s.fork_offset and s.fork_source is not None:
             self._plan(self.streams[s.fork_source], start, min(end, s.fork_offset), out)
             start = s.fork_offset
+        if start >= end:
+            return
+        # Hot copies may outlive their cold commit (hot retention); prefer them.
+        hot_start = s.chunks.start
+        if hot_start is None:
+            hot_start = s.tail
+        if start < hot_start:
+            self._plan_cold(s, start, min(end, hot_start), out)
+            start = hot_start
         if start >= end:
             return
         c = s.chunks
@@ -397,3 +512,18 @@ class StreamState:
             if hi > lo:
                 out.append(HotSlice(c.segs[i], c.poss[i] + (lo - cs), hi - lo))
             i += 1
+
+    @staticmethod
+    def _plan_cold(s: Stream, start: int, end: int, out: list[ReadSlice]) -> None:
+        refs = s.cold_refs
+        lo, hi = 0, len(refs)
+        while lo < hi:  # first ref ending after start
+            mid = (lo + hi) // 2
+            if refs[mid].end <= start:
+                lo = mid + 1
+            else:
+                hi = mid
+        for ref in refs[lo:]:
+            if ref.start >= end:
+                break
+            out.append(ColdSlice(ref.key, s.bucket, s.path, max(start, ref.start), min(end, ref.end)))

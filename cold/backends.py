@@ -1,0 +1,39 @@
+"""Choosing and opening the object store the cold tier writes to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .localdir import LocalDirStore
+from .s3 import S3Store
+from .store import ObjectStore
+
+
+async def open_object_store(
+    kind: str,
+    *,
+    local_root: Path,
+    s3_bucket: str = "",
+    s3_prefix: str = "",
+    s3_endpoint: str = "",
+    s3_region: str = "",
+    s3_path_style: bool = False,
+) -> ObjectStore:
+    """``local``: a directory (the embedded default). ``s3``: AWS or any S3-compatible store.
+
+    S3 credentials come only from the standard AWS chain (environment,
+    shared profile, instance or task role), never from arguments.
+    """
+    if kind == "local":
+        local_root.mkdir(parents=True, exist_ok=True)
+        return LocalDirStore(local_root)
+    if kind == "s3":
+        store = S3Store(
+            s3_bucket,
+            s3_prefix,
+            endpoint_url=s3_endpoint or None,
+            region=s3_region or None,
+            path_style=s3_path_style,
+        )
+        return await store.open()
+    raise ValueError(f"unknown object store {kind!r}; use 'local' or 's3'")

@@ -1,0 +1,31 @@
+"""Reading stream bytes out of cold objects, through a bounded cache.
+
+A read is planned from the metadata alone (the object's ``ChunkIndex``): the
+footer and only the row groups that overlap the range are fetched with ranged
+GETs, never a LIST or a whole-object download.
+"""
+
+from __future__ import annotations
+
+from .parquet_chunk import ChunkIndex, read_stream_bytes
+from .read_cache import ByteLRU
+from .store import ObjectStore
+
+
+class ColdReader:
+    def __init__(self, store: ObjectStore, cache_bytes: int) -> None:
+        self.store = store
+        self.cache = ByteLRU(cache_bytes)
+
+    async def read(self, key: str, index: ChunkIndex, bucket: str, stream: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of one stream from one object (exactly, or raise)."""
+
+        async def fetch(lo: int, hi: int) -> bytes:
+            return await self.store.get(key, start=lo, end=hi)
+
+        data = await read_stream_bytes(fetch, index, bucket, stream, start, end, cache=self.cache, object_key=key)
+        if len(data) != end - start:
+            raise ValueError(
+                f"cold object {key} returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})"
+            )
+        return data
