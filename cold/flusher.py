@@ -25,6 +25,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tiered.hot.segment import crc32c
 from tiered.records import ColdCopyAborted, ColdCopyCommitted, ColdCopyStarted, CopyRange, HotTrimmed, Record
 from tiered.state import Stream, StreamState
 
@@ -262,7 +263,16 @@ class ColdFlusher:
                 log.exception("could not journal the abort of %s", key)
             raise
         await service.commit_records(
-            [ColdCopyCommitted(key=key, ts_ms=int(time.time() * 1000), size=len(data), index=index, ranges=ranges)]
+            [
+                ColdCopyCommitted(
+                    key=key,
+                    ts_ms=int(time.time() * 1000),
+                    size=len(data),
+                    crc32c=crc32c(data),
+                    index=index,
+                    ranges=ranges,
+                )
+            ]
         )
         self.objects_uploaded += 1
         self.bytes_uploaded += len(data)

@@ -87,11 +87,12 @@ class SegmentLog:
                 ids.append(sid)
         return sorted(ids)
 
-    def open(self, replay_from: LogPosition | None = None) -> Iterator[tuple[LogPosition, bytes]]:
+    def open(self, replay_from: LogPosition | None = None, *, read_only: bool = False) -> Iterator[tuple[LogPosition, bytes]]:
         """Verify the log, cut off a torn tail, and yield records to replay.
 
         Yields ``(body_position, body)`` for every record at or after
         ``replay_from``. Must be fully consumed before appending.
+        ``read_only`` (for inspection tools) leaves a torn tail in place.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         ids = self.segment_ids()
@@ -120,7 +121,8 @@ class SegmentLog:
                         f"{path}: {result.torn_reason}, followed by {tail} bytes: corruption inside "
                         "acknowledged history, refusing to start"
                     )
-                self._truncate(path, result.valid_end)
+                if not read_only:
+                    self._truncate(path, result.valid_end)
             for rec in result.records:
                 yield LogPosition(sid, rec.body_pos), rec.body
             if last:

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from . import s3_server
 from .server_process import ServerProcess
+
+aws_test_env = s3_server.aws_test_env
+moto_s3 = s3_server.moto_s3
 
 HERE = Path(__file__).parent / "conformance"
 EXPECTED_PASSED = 332  # every non-subscription test of suite 0.3.6
@@ -62,10 +66,8 @@ def _require_node() -> None:
     pytest.skip("node/npm not installed: the official conformance suite cannot run")
 
 
-@pytest.mark.conformance
-def test_conformance_suite_hot_only(tmp_path: Path) -> None:
-    _require_node()
-    server = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3").start()
+def _run_against(server: ServerProcess) -> None:
+    server.start()
     try:
         passed, failed, out = run_suite(server.url)
     finally:
@@ -73,3 +75,46 @@ def test_conformance_suite_hot_only(tmp_path: Path) -> None:
     failures = "\n".join(line for line in out.splitlines() if "FAIL" in line or " × " in line)
     assert failed == 0, f"{failed} conformance tests failed:\n{failures}"
     assert passed == EXPECTED_PASSED, out[-3000:]
+
+
+@pytest.mark.conformance
+def test_conformance_suite_hot_only(tmp_path: Path) -> None:
+    _require_node()
+    _run_against(ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3"))
+
+
+@pytest.mark.conformance
+def test_conformance_suite_aggressive_flush_to_local_store(tmp_path: Path) -> None:
+    """Data moves to the local-directory object store almost at once; reads stitch both tiers."""
+    _require_node()
+    _run_against(
+        ServerProcess(
+            tmp_path / "data",
+            "--long-poll-timeout-s", "3",
+            "--flush-interval-s", "0.05",
+            "--hot-retention-s", "0",
+            "--segment-bytes", "2097152",
+            "--max-body-bytes", "2000000",
+        )
+    )
+
+
+@pytest.mark.conformance
+def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> None:
+    """Against moto's S3 server, hot copies dropped at once: reads really come from S3."""
+    _require_node()
+    _run_against(
+        ServerProcess(
+            tmp_path / "data",
+            "--long-poll-timeout-s", "3",
+            "--cold-store", "s3",
+            "--s3-bucket", moto_s3.bucket,
+            "--s3-prefix", "conformance",
+            "--s3-endpoint", moto_s3.url,
+            "--s3-region", moto_s3.region,
+            "--s3-path-style", "true",
+            "--flush-interval-s", "0.05",
+            "--hot-retention-s", "0",
+            env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
+        )
+    )

@@ -72,12 +72,12 @@ class Journal:
 
     # ---------------------------------------------------------------- start
 
-    def recover(self) -> StreamState:
+    def recover(self, *, read_only: bool = False) -> StreamState:
         """Load the newest snapshot and replay the log after it."""
         loaded = self.snapshots.load_latest()
         state, start = loaded if loaded is not None else (StreamState(), None)
         count = 0
-        for body_pos, body in self.log.open(start):
+        for body_pos, body in self.log.open(start, read_only=read_only):
             record = decode_record(body)
             state.apply(record, data_location(record, body_pos, len(body)))
             count += 1

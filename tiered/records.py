@@ -93,6 +93,7 @@ class ColdCopyCommitted(_Record, tag="cold.copy-finish.v1"):
     key: str
     ts_ms: int
     size: int
+    crc32c: int  # of the whole object, so verification catches any flipped byte
     index: ChunkIndex
     ranges: tuple[CopyRange, ...]
 

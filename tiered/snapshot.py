@@ -56,6 +56,7 @@ class StreamSnap(msgspec.Struct, array_like=True):
 class ColdObjectSnap(msgspec.Struct, array_like=True):
     key: str
     size: int
+    crc32c: int
     created_ms: int
     index: ChunkIndex
 
@@ -136,7 +137,7 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         next_uid=state.next_uid,
         buckets=dict(state.buckets),
         streams=[_stream_snap(s) for s in state.streams.values()],
-        cold_objects=[ColdObjectSnap(o.key, o.size, o.created_ms, o.index) for o in state.cold_objects.values()],
+        cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index) for o in state.cold_objects.values()],
         copies_in_flight=dict(state.copies_in_flight),
     )
     body = msgspec.msgpack.encode(snap)
@@ -160,7 +161,7 @@ def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
         state.paths[(s.bucket, s.path)] = s.uid
         state.hot_bytes += s.tail - s.cold_end
     for o in snap.cold_objects:
-        state.cold_objects[o.key] = ColdObject(o.key, o.size, o.created_ms, o.index)
+        state.cold_objects[o.key] = ColdObject(o.key, o.size, o.crc32c, o.created_ms, o.index)
     for s in state.streams.values():  # reference counts are derived, not stored
         for ref in s.cold_refs:
             state.cold_objects[ref.key].refs += 1

@@ -101,6 +101,7 @@ class ColdRef:
 class ColdObject:
     key: str
     size: int
+    crc32c: int
     created_ms: int
     index: ChunkIndex
     refs: int = 0  # live stream ranges that read from it
@@ -438,7 +439,7 @@ class StreamState:
         self.copies_in_flight.pop(record.key, None)
         obj = self.cold_objects.get(record.key)
         if obj is None:
-            obj = ColdObject(record.key, record.size, record.ts_ms, record.index)
+            obj = ColdObject(record.key, record.size, record.crc32c, record.ts_ms, record.index)
             self.cold_objects[record.key] = obj
         for r in record.ranges:
             s = self.streams.get(r.uid)
