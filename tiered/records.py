@@ -10,8 +10,6 @@ Records that carry stream bytes put them in the last field: msgpack stores a
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from tiered.cold.parquet_chunk import ChunkIndex
@@ -113,18 +111,18 @@ class HotTrimmed(_Record, tag="hot.trim.v1"):
     trims: tuple[tuple[int, int], ...]  # (uid, offset)
 
 
-Record = Union[
-    BucketCreated,
-    StreamCreated,
-    Appended,
-    StreamDeleted,
-    StreamTouched,
-    StreamExpired,
-    ColdCopyStarted,
-    ColdCopyCommitted,
-    ColdCopyAborted,
-    HotTrimmed,
-]
+Record = (
+    BucketCreated
+    | StreamCreated
+    | Appended
+    | StreamDeleted
+    | StreamTouched
+    | StreamExpired
+    | ColdCopyStarted
+    | ColdCopyCommitted
+    | ColdCopyAborted
+    | HotTrimmed
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
