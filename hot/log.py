@@ -19,9 +19,12 @@ from .segment import (
     FRAME_SIZE,
     HEADER_SIZE,
     MAGIC,
+    MARKER_FRAME_SIZE,
     CorruptSegmentError,
+    ScanResult,
     frame,
     fsync_dir,
+    marker_frame,
     parse_segment_name,
     scan_segment,
     segment_name,
@@ -39,15 +42,24 @@ class LogPosition:
 
 
 @dataclass(slots=True)
+class BatchPart:
+    """The bytes of one write to one segment; ``marker_at`` is where its batch marker goes."""
+
+    segment: int
+    data: bytearray
+    marker_at: int | None = None
+
+
+@dataclass(slots=True)
 class WriteBatch:
     """Framed bytes waiting to be written, grouped by segment, in log order."""
 
-    parts: list[tuple[int, bytearray]] = field(default_factory=list)
+    parts: list[BatchPart] = field(default_factory=list)
     end: LogPosition = LogPosition(0, 0)
 
     @property
     def nbytes(self) -> int:
-        return sum(len(p) for _, p in self.parts)
+        return sum(len(p.data) for p in self.parts)
 
 
 class SegmentLog:
@@ -109,22 +121,25 @@ class SegmentLog:
                     raise CorruptSegmentError(f"segment {sid} predates the snapshot position {start}")
                 continue
             from_pos = start.offset if sid == start.segment else HEADER_SIZE
-            result = scan_segment(str(path), max(from_pos, HEADER_SIZE))
+            result = scan_segment(str(path))
             if result.torn_reason is not None:
-                tail = result.file_size - result.valid_end
                 if not last:
                     raise CorruptSegmentError(f"{path}: {result.torn_reason} in a sealed segment")
-                if sid == start.segment and result.valid_end < start.offset:
-                    raise CorruptSegmentError(f"{path}: {result.torn_reason} before the snapshot position")
-                if tail > self.max_batch_bytes + FRAME_SIZE:
+                if not self._is_torn_tail(result):
                     raise CorruptSegmentError(
-                        f"{path}: {result.torn_reason}, followed by {tail} bytes: corruption inside "
+                        f"{path}: {result.torn_reason}, with data written after it: corruption inside "
                         "acknowledged history, refusing to start"
                     )
                 if not read_only:
                     self._truncate(path, result.valid_end)
+            if sid == start.segment and result.valid_end < start.offset:
+                raise CorruptSegmentError(
+                    f"{path}: ends at {result.valid_end}, before the snapshot position {start.offset}: "
+                    "acknowledged history is missing"
+                )
             for rec in result.records:
-                yield LogPosition(sid, rec.body_pos), rec.body
+                if rec.body_pos >= from_pos:
+                    yield LogPosition(sid, rec.body_pos), rec.body
             if last:
                 self._seg = sid
                 self._size = max(result.valid_end, HEADER_SIZE)
@@ -132,13 +147,25 @@ class SegmentLog:
         if not ids:
             self._seg = 1
             self._size = HEADER_SIZE
-            self._pending.parts.append((1, bytearray(MAGIC)))
+            self._new_part(1, with_magic=True)
         elif self._written[self._seg] < HEADER_SIZE:
             # The newest segment lost its header in a crash: rewrite it whole.
             self._written[self._seg] = 0
-            self._pending.parts.append((self._seg, bytearray(MAGIC)))
+            self._size = HEADER_SIZE
+            self._new_part(self._seg, with_magic=True)
         self._write_seg = self._seg
         self._opened = True
+
+    def _is_torn_tail(self, result: ScanResult) -> bool:
+        """Can the unverifiable bytes only be the unacknowledged last write?"""
+        if result.torn_within_last_batch():
+            return True
+        tail = result.file_size - result.valid_end
+        if tail > self.max_batch_bytes + MARKER_FRAME_SIZE:
+            return False
+        # The next batch's own marker is what broke, right where it should start,
+        # or no batch completed in this segment at all.
+        return result.batch_end == result.valid_end or result.batch_start is None
 
     def _truncate(self, path: Path, size: int) -> None:
         fd = os.open(path, os.O_WRONLY)
@@ -150,17 +177,26 @@ class SegmentLog:
 
     # ----------------------------------------------------------- append side
 
+    def _new_part(self, seg: int, *, with_magic: bool) -> BatchPart:
+        """Start a write to ``seg`` (a new segment starts with its magic)."""
+        part = BatchPart(seg, bytearray(MAGIC) if with_magic else bytearray())
+        self._pending.parts.append(part)
+        return part
+
     def append(self, body: bytes) -> LogPosition:
         """Frame ``body`` into the pending batch; return where the body will live."""
         data = frame(body)
-        if self._size + len(data) > self.segment_bytes and self._size > HEADER_SIZE:
+        if self._size + len(data) + MARKER_FRAME_SIZE > self.segment_bytes and self._size > HEADER_SIZE:
             self._seg += 1
             self._size = HEADER_SIZE
-            self._pending.parts.append((self._seg, bytearray(MAGIC)))
+            self._new_part(self._seg, with_magic=True)
         parts = self._pending.parts
-        if not parts or parts[-1][0] != self._seg:
-            parts.append((self._seg, bytearray()))
-        parts[-1][1].extend(data)
+        part = parts[-1] if parts and parts[-1].segment == self._seg else self._new_part(self._seg, with_magic=False)
+        if part.marker_at is None:  # the first record of this write: room for its marker
+            part.marker_at = len(part.data)
+            part.data.extend(bytes(MARKER_FRAME_SIZE))
+            self._size += MARKER_FRAME_SIZE
+        part.data.extend(data)
         pos = LogPosition(self._seg, self._size + FRAME_SIZE)
         self._size += len(data)
         return pos
@@ -179,6 +215,10 @@ class SegmentLog:
             return None
         batch = self._pending
         batch.end = self.end
+        for part in batch.parts:
+            at = part.marker_at
+            if at is not None:
+                part.data[at : at + MARKER_FRAME_SIZE] = marker_frame(len(part.data) - at)
         self._pending = WriteBatch()
         return batch
 
@@ -186,7 +226,8 @@ class SegmentLog:
 
     def write_batch(self, batch: WriteBatch, *, sync: bool) -> None:
         """Write a batch in order (worker thread). Sealed segments are always synced."""
-        for seg, data in batch.parts:
+        for part in batch.parts:
+            seg, data = part.segment, part.data
             if seg != self._write_seg or self._write_fd is None:
                 self._switch_segment(seg)
             fd = self._write_fd

@@ -4,11 +4,16 @@ A segment starts with an 8-byte magic. Each record is framed as::
 
     u32 body_length | u32 crc32c(body) | body
 
-little-endian. A record whose frame is incomplete or whose checksum does not
-match is *torn*. A torn record at the very end of the newest segment is the
-unacknowledged remains of a write interrupted by a crash and may be cut off;
-anything else that fails to verify is corruption of acknowledged history and
-must stop recovery rather than silently shorten the log.
+little-endian; bodies are never empty. Every write batch (one group commit)
+starts with a *batch marker* record, body ``0xC1 | u64 batch_bytes`` (0xC1 is
+never the first byte of a msgpack record), so recovery knows where the last
+write began and how long it was meant to be.
+
+A record whose frame is incomplete or whose checksum does not match is *torn*.
+Torn bytes inside the last batch, with nothing written after that batch, are
+the unacknowledged remains of a write a crash interrupted: they may be cut
+off. Anything else that fails to verify is corruption of acknowledged history
+and must stop recovery rather than silently shorten the log.
 """
 
 from __future__ import annotations
@@ -41,6 +46,20 @@ def frame(body: bytes) -> bytes:
     return FRAME.pack(len(body), crc32c(body)) + body
 
 
+MARKER_TAG = 0xC1
+MARKER = struct.Struct("<BQ")
+MARKER_FRAME_SIZE = FRAME_SIZE + MARKER.size
+
+
+def marker_frame(batch_bytes: int) -> bytes:
+    """The batch marker that opens a write of ``batch_bytes`` (marker included)."""
+    return frame(MARKER.pack(MARKER_TAG, batch_bytes))
+
+
+def is_marker(body: bytes) -> bool:
+    return len(body) == MARKER.size and body[0] == MARKER_TAG
+
+
 @dataclass(frozen=True, slots=True)
 class ScannedRecord:
     """A verified record: where its body starts in the file, and the body."""
@@ -51,10 +70,18 @@ class ScannedRecord:
 
 @dataclass(slots=True)
 class ScanResult:
-    records: list[ScannedRecord]
+    records: list[ScannedRecord]  # data records (batch markers are not included)
     valid_end: int  # file position just past the last verified record
     file_size: int
     torn_reason: str | None  # why scanning stopped early, if it did
+    batch_start: int | None = None  # where the last verified batch marker begins
+    batch_end: int | None = None  # where that batch was meant to end
+
+    def torn_within_last_batch(self) -> bool:
+        """Is everything after ``valid_end`` part of the last write, with nothing after it?"""
+        if self.batch_start is None or self.batch_end is None:
+            return False
+        return self.batch_start <= self.valid_end <= self.batch_end and self.file_size <= self.batch_end
 
 
 def segment_name(segment_id: int) -> str:
@@ -85,6 +112,8 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
             return ScanResult([], 0, size, "incomplete segment header")
         raise CorruptSegmentError(f"{path}: not a tiered segment (bad magic)")
     records: list[ScannedRecord] = []
+    batch_start: int | None = None
+    batch_end: int | None = None
     pos = max(start, HEADER_SIZE)
     view = memoryview(data)
     torn: str | None = None
@@ -94,6 +123,9 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
             break
         length, crc = FRAME.unpack_from(data, pos)
         body_pos = pos + FRAME_SIZE
+        if length == 0:
+            torn = f"empty record at {pos}"
+            break
         if length > MAX_BODY:
             torn = f"implausible record length {length} at {pos}"
             break
@@ -104,9 +136,13 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
         if google_crc32c.value(body) != crc:
             torn = f"checksum mismatch in record at {pos}"
             break
-        records.append(ScannedRecord(body_pos, body))
+        if is_marker(body):
+            batch_start = pos
+            batch_end = pos + MARKER.unpack(body)[1]
+        else:
+            records.append(ScannedRecord(body_pos, body))
         pos = body_pos + length
-    return ScanResult(records, pos, size, torn)
+    return ScanResult(records, pos, size, torn, batch_start, batch_end)
 
 
 def fsync_dir(path: str) -> None:

@@ -43,7 +43,7 @@ from .ids import (
 )
 from .live import TooManyWaiters
 from .protocol import BadRequest, next_cursor, parse_closed, parse_expires_at, parse_uint
-from .service import StreamService
+from .service import StreamService, now_ms
 from .state import AppendRequest, CreateRequest, ForkRequest, Stream, StreamError
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,14 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
+def _decode_path(raw: str) -> str:
+    """Percent-decode strictly: invalid UTF-8 must not alias onto U+FFFD names."""
+    try:
+        return unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidName("the path is not valid UTF-8 once percent-decoded") from None
+
+
 def _stream_address(path: str) -> tuple[str, str]:
     """(bucket, stream path) for a request path, or raise BadRequest/InvalidName."""
     if path.startswith(STREAM_PREFIX):
@@ -122,8 +130,9 @@ class StreamsApi:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.route("*", "/v1/stream/{path:.*}", self.dispatch_stream),
-            web.route("*", BUCKETS_PREFIX + "/{bucket}/stream/{path:.*}", self.dispatch_stream),
+            # [\s\S]: a path with an encoded newline must reach validation (400), not miss the route.
+            web.route("*", "/v1/stream/{path:[\\s\\S]*}", self.dispatch_stream),
+            web.route("*", BUCKETS_PREFIX + "/{bucket}/stream/{path:[\\s\\S]*}", self.dispatch_stream),
             web.get(BUCKETS_PREFIX, self.list_buckets),
             web.put(BUCKETS_PREFIX + "/{bucket}", self.put_bucket),
             web.get(BUCKETS_PREFIX + "/{bucket}", self.get_bucket),
@@ -141,7 +150,7 @@ class StreamsApi:
         if handler is None:
             return error_response(405, f"method {request.method} is not allowed on a stream")
         try:
-            bucket, path = _stream_address(unquote(request.raw_path.split("?", 1)[0]))
+            bucket, path = _stream_address(_decode_path(request.raw_path.split("?", 1)[0]))
         except InvalidName as exc:
             return error_response(400, str(exc))
         try:
@@ -168,7 +177,10 @@ class StreamsApi:
         body = await request.read()
         effective_type = content_type
         if fork is not None and content_type is None:
-            effective_type = self.service.state.streams[fork.source_uid].content_type
+            source = self.service.state.streams.get(fork.source_uid)
+            if source is None:
+                raise StreamError(404, "fork source stream not found")
+            effective_type = source.content_type
         data = body
         if body and effective_type is not None and is_json(effective_type):
             data = encode_json_messages(body, allow_empty_array=True)
@@ -215,7 +227,7 @@ class StreamsApi:
                 raise BadRequest("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
             return None
         try:
-            src_bucket, src_path = _stream_address(unquote(source_url.split("?", 1)[0]))
+            src_bucket, src_path = _stream_address(_decode_path(source_url.split("?", 1)[0]))
         except InvalidName:
             raise StreamError(404, "fork source stream not found") from None
         source = self.service.state.find(src_bucket, src_path)
@@ -384,11 +396,18 @@ class StreamsApi:
             return web.Response(status=200, body=b"[]" if s.json else b"", headers=headers)
         return await self._chunk_response(request, s, offset, cursor=None)
 
-    async def _read_chunk(self, s: Stream, offset: int) -> tuple[bytes, int, bool, bool]:
-        """(stored bytes, next offset, up to date, closed-at-end) from ``offset``."""
+    async def _read_chunk(self, s: Stream, offset: int, *, whole_chars: bool = False) -> tuple[bytes, int, bool, bool]:
+        """(stored bytes, next offset, up to date, closed-at-end) from ``offset``.
+
+        ``whole_chars`` (SSE text): never end a partial chunk inside a UTF-8 character.
+        """
         v = self.service.view(s)
         end = min(v.tail, offset + self.config.read_chunk_bytes)
         data = await self.service.read(s, offset, end) if end > offset else b""
+        if whole_chars and end < v.tail and data:
+            cut = _utf8_boundary(data)
+            if cut > 0:
+                data, end = data[:cut], offset + cut
         if s.json and end < v.tail and data:
             cut = data.rfind(b"\n") + 1
             if cut == 0:  # one message larger than a chunk: send it whole
@@ -437,7 +456,7 @@ class StreamsApi:
                     },
                 )
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.service.closing:
                 return web.Response(
                     status=204,
                     headers={
@@ -466,11 +485,11 @@ class StreamsApi:
         sent_control = False
         try:
             while True:
-                if self.service.state.streams.get(s.uid) is not s or s.soft_deleted:
+                if self.service.closing or self.service.state.streams.get(s.uid) is not s or s.soft_deleted:
                     break
                 v = self.service.view(s)
                 if offset < v.tail:
-                    data, offset, up_to_date, closed = await self._read_chunk(s, offset)
+                    data, offset, up_to_date, closed = await self._read_chunk(s, offset, whole_chars=not binary)
                     cursor = next_cursor(time.time(), client_cursor)
                     # One write per data+control pair: a reader never sees data
                     # without the control event that positions it.
@@ -521,12 +540,26 @@ class StreamsApi:
         state = self.service.state
         if name not in state.buckets:
             return error_response(404, f"bucket {name!r} does not exist")
-        streams = sum(1 for s in state.streams.values() if s.bucket == name and not s.soft_deleted)
+        now = now_ms()
+        streams = sum(1 for s in state.streams.values() if s.bucket == name and not s.soft_deleted and not s.expired(now))
         return web.json_response({"name": name, "created_ms": state.buckets[name], "streams": streams})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         ok = self.service.journal.failed is None
         return web.json_response({"ok": ok}, status=200 if ok else 503)
+
+
+def _utf8_boundary(data: bytes) -> int:
+    """Length of ``data`` without a trailing incomplete UTF-8 sequence."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b < 0x80:
+            return n
+        if b >= 0xC0:  # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return n if back >= need else n - back
+    return n
 
 
 def _sse_data_event(data: bytes, json_mode: bool, binary: bool) -> bytes:
@@ -540,7 +573,9 @@ def _sse_data_event(data: bytes, json_mode: bool, binary: bool) -> bytes:
         lines = payload.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     out = bytearray(b"event: data\n")
     for line in lines:
-        out += b"data:" + line + b"\n"
+        # "data: " with the space: parsers drop one space after the colon, so a
+        # line that itself starts with a space keeps it.
+        out += b"data: " + line + b"\n"
     out += b"\n"
     return bytes(out)
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import re
 
 _HALF = 10**16
-_OFFSET_RE = re.compile(r"\d{16}_\d{16}")
+_OFFSET_RE = re.compile(r"[0-9]{16}_[0-9]{16}")
 
 DEFAULT_BUCKET = "default"
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 # Stream paths never reach the filesystem, but they do reach logs, headers and
-# object metadata: no control characters, backslashes, or "." / ".." segments.
-_SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f/\\]+")
+# object metadata: no C0/C1 control characters, backslashes, or "." / ".." segments.
+_SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f/\\]+")
 MAX_STREAM_PATH = 1024
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import random
 import re
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 MAX_SAFE_INTEGER = 2**53 - 1
-_UINT_RE = re.compile(r"0|[1-9][0-9]*")
+_UINT_RE = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: no other scripts' digits
 
 # Cursor intervals (protocol section 10.1): 20 s buckets since 2024-10-09.
 CURSOR_EPOCH_S = 1728432000
 CURSOR_INTERVAL_S = 20
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class BadRequest(ValueError):
@@ -40,13 +43,14 @@ def parse_closed(value: str | None) -> bool:
 def parse_expires_at(value: str) -> int:
     """An RFC 3339 timestamp with a time zone, as epoch milliseconds."""
     text = value.strip()
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", text):
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", text, re.ASCII):
         raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value!r}")
     try:
         dt = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
     except ValueError:
         raise BadRequest(f"Stream-Expires-At is not a valid timestamp: {value!r}") from None
-    return int(dt.timestamp() * 1000)
+    # Integer arithmetic: float timestamps are off by a millisecond now and then.
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
 def next_cursor(now_s: float, client_cursor: str | None, rng: random.Random | None = None) -> str:

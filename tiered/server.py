@@ -71,6 +71,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             ready.set()
         await stop.wait()
         log.info("shutting down")
+        service.begin_shutdown()
         await runner.cleanup()
     finally:
         await service.stop()

@@ -63,6 +63,7 @@ class StreamService:
         self.flusher: ColdFlusher | None = None
         self._flusher_task: asyncio.Task[None] | None = None
         self._last_segment_snapshot = 0.0
+        self.closing = False  # set at shutdown: live readers finish at once
 
     # ------------------------------------------------------------- lifecycle
 
@@ -92,7 +93,13 @@ class StreamService:
         if run_flusher:
             self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
 
+    def begin_shutdown(self) -> None:
+        """Release live readers so the HTTP server can drain quickly."""
+        self.closing = True
+        self.waiters.notify_all()
+
     async def stop(self) -> None:
+        self.begin_shutdown()
         if self._flusher_task is not None:
             self._flusher_task.cancel()
             try:
@@ -289,6 +296,6 @@ class StreamService:
     async def wait_for_change(self, s: Stream, offset: int, timeout: float) -> bool:
         """Park until the stream's visible tail passes ``offset`` or it closes."""
         v = self.view(s)
-        if v.tail > offset or v.closed:
+        if v.tail > offset or v.closed or self.closing:
             return True
         return await self.waiters.wait(s.uid, timeout)

@@ -69,6 +69,7 @@ class StateSnap(msgspec.Struct, array_like=True):
     streams: list[StreamSnap]
     cold_objects: list[ColdObjectSnap]
     copies_in_flight: dict[str, int]
+    paths: list[tuple[str, str, int]]  # which stream holds each path (a soft-deleted one may not)
 
 
 def _stream_snap(s: Stream) -> StreamSnap:
@@ -139,6 +140,7 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         streams=[_stream_snap(s) for s in state.streams.values()],
         cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index) for o in state.cold_objects.values()],
         copies_in_flight=dict(state.copies_in_flight),
+        paths=[(b, p, uid) for (b, p), uid in state.paths.items()],
     )
     body = msgspec.msgpack.encode(snap)
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
@@ -158,7 +160,6 @@ def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
     for n in snap.streams:
         s = _stream_from_snap(n)
         state.streams[s.uid] = s
-        state.paths[(s.bucket, s.path)] = s.uid
         state.hot_bytes += s.tail - s.cold_end
     for o in snap.cold_objects:
         state.cold_objects[o.key] = ColdObject(o.key, o.size, o.crc32c, o.created_ms, o.index)
@@ -166,6 +167,7 @@ def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
         for ref in s.cold_refs:
             state.cold_objects[ref.key].refs += 1
     state.copies_in_flight = dict(snap.copies_in_flight)
+    state.paths = {(b, p): uid for b, p, uid in snap.paths}
     return state, LogPosition(snap.log_segment, snap.log_offset)
 
 

@@ -239,6 +239,14 @@ class StreamState:
         if bucket not in self.buckets:
             raise StreamError(404, f"bucket {bucket!r} does not exist")
         records: list[Record] = []
+        source: Stream | None = None
+        if req.fork is not None:
+            # Checked first: an expired source is gone, even if it is the stream being replaced.
+            source = self.streams.get(req.fork.source_uid)
+            if source is None or (not source.soft_deleted and source.expired(now_ms)):
+                raise StreamError(404, "fork source stream not found")
+            if source.soft_deleted:
+                raise StreamError(409, "fork source stream was deleted")
         existing = self.find(bucket, path)
         if existing is not None:
             if existing.soft_deleted:
@@ -253,12 +261,7 @@ class StreamState:
         fork_source: int | None = None
         fork_offset = 0
         fork_spec: str | None = None
-        if req.fork is not None:
-            source = self.streams.get(req.fork.source_uid)
-            if source is None:
-                raise StreamError(404, "fork source stream not found")
-            if source.soft_deleted:
-                raise StreamError(409, "fork source stream was deleted")
+        if req.fork is not None and source is not None:
             if content_type is None:
                 content_type = source.content_type
             elif media_type(content_type) != media_type(source.content_type):

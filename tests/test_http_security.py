@@ -1,0 +1,156 @@
+"""Browser security and CORS headers (protocol section 12.7) on every kind of response."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .http_helpers import (
+    SECURITY_HEADERS,
+    SseReader,
+    assert_security_headers,
+    close,
+    create,
+    module_server,
+    read,
+    request,
+    stream_url,
+    unique,
+)
+from .server_process import ServerProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+EXPOSED = [
+    "Stream-Next-Offset",
+    "Stream-Cursor",
+    "Stream-Up-To-Date",
+    "Stream-Closed",
+    "Stream-TTL",
+    "Stream-Expires-At",
+    "Stream-Sse-Data-Encoding",
+    "Producer-Epoch",
+    "Producer-Seq",
+    "Producer-Expected-Seq",
+    "Producer-Received-Seq",
+    "ETag",
+    "Location",
+]
+REQUEST_HEADERS = [
+    "Content-Type",
+    "If-None-Match",
+    "Stream-Seq",
+    "Stream-TTL",
+    "Stream-Expires-At",
+    "Stream-Closed",
+    "Stream-Forked-From",
+    "Stream-Fork-Offset",
+    "Stream-Fork-Sub-Offset",
+    "Producer-Id",
+    "Producer-Epoch",
+    "Producer-Seq",
+]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from module_server(tmp_path_factory, "security", "--max-body-bytes", "1024")
+
+
+def split(value: str) -> set[str]:
+    return {v.strip().lower() for v in value.split(",")}
+
+
+def check(headers: object) -> None:
+    assert_security_headers(headers)  # type: ignore[arg-type]
+    exposed = split(headers["Access-Control-Expose-Headers"])  # type: ignore[index]
+    assert {h.lower() for h in EXPOSED} <= exposed
+
+
+def test_security_headers_on_every_kind_of_response(srv: ServerProcess) -> None:
+    u = stream_url(srv.url, unique("sec"))
+    closed = stream_url(srv.url, unique("sec"))
+    responses = {
+        "201 create": request("PUT", u, {"Content-Type": "application/octet-stream"}, b"\x00\x01"),
+        "200 create": request("PUT", u, {"Content-Type": "application/octet-stream"}, b""),
+        "409 create": request("PUT", u, {"Content-Type": "text/html"}, b""),
+        "400 create": request("PUT", u, {"Stream-TTL": "x"}, b""),
+        "204 append": request("POST", u, {"Content-Type": "application/octet-stream"}, b"<script>"),
+        "400 append": request("POST", u, {}, b"data"),
+        "409 append": request("POST", u, {"Content-Type": "text/html"}, b"<html>"),
+        "413 append": request("POST", u, {"Content-Type": "application/octet-stream"}, b"x" * 2000),
+        "200 read": read(u),
+        "304 read": read(u, "-1", {"If-None-Match": read(u)[1]["ETag"]}),
+        "400 read": read(u, "bad"),
+        "200 now": read(u, "now"),
+        "200 long-poll": read(u, "-1", live="long-poll"),
+        "200 head": request("HEAD", u),
+        "404 head": request("HEAD", stream_url(srv.url, unique("none"))),
+        "404 read": read(stream_url(srv.url, unique("none"))),
+        "405": request("PATCH", u),
+        "404 route": request("GET", srv.url + "/nope"),
+        "buckets": request("GET", srv.url + "/v1/buckets"),
+        "bucket 201": request("PUT", f"{srv.url}/v1/buckets/{unique('b')}"),
+        "bucket 400": request("PUT", f"{srv.url}/v1/buckets/BAD"),
+        "bucket 404": request("GET", f"{srv.url}/v1/buckets/nothing-here"),
+        "bucket 405": request("DELETE", f"{srv.url}/v1/buckets/default"),
+        "healthz": request("GET", srv.url + "/healthz"),
+        "201 closed": request("PUT", closed, {"Stream-Closed": "true"}, b""),
+        "409 closed": request("POST", closed, {"Content-Type": "application/octet-stream"}, b"x"),
+        "204 long-poll closed": read(closed, "now", live="long-poll"),
+        "204 close": close(u),
+        "204 delete": request("DELETE", u),
+        "404 after delete": request("POST", u, {"Content-Type": "application/octet-stream"}, b"x"),
+    }
+    for label, (status, headers, _) in responses.items():
+        assert status < 500, label
+        try:
+            check(headers)
+        except AssertionError as exc:
+            raise AssertionError(f"{label}: {exc}") from None
+    # The checks above really did cover what their labels say.
+    assert responses["304 read"][0] == 304
+    assert responses["413 append"][0] == 413
+    assert responses["409 closed"][0] == 409
+    assert responses["204 long-poll closed"][0] == 204
+
+
+def test_security_headers_on_sse(srv: ServerProcess) -> None:
+    u = stream_url(srv.url, unique("sec"))
+    create(u, "application/octet-stream", b"x", Stream_Closed="true")
+    with SseReader(u, "-1") as sse:
+        assert sse.status == 200
+        check(sse.headers)
+        sse.read_to_eof()
+
+
+@pytest.mark.parametrize("path", ["/v1/stream/anything", "/v1/buckets/default/stream/x", "/v1/buckets", "/nope"])
+def test_cors_preflight(srv: ServerProcess, path: str) -> None:
+    status, headers, body = request(
+        "OPTIONS",
+        srv.url + path,
+        {
+            "Origin": "https://example.com",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, producer-id",
+        },
+    )
+    assert status == 204
+    assert body == b""
+    check(headers)
+    assert {"get", "head", "put", "post", "delete", "options"} <= split(headers["Access-Control-Allow-Methods"])
+    assert {h.lower() for h in REQUEST_HEADERS} <= split(headers["Access-Control-Allow-Headers"])
+    assert int(headers["Access-Control-Max-Age"]) > 0
+
+
+def test_security_header_values(srv: ServerProcess) -> None:
+    u = stream_url(srv.url, unique("sec"))
+    _, headers, _ = create(u, "text/html", "<script>alert(1)</script>")
+    for name, value in SECURITY_HEADERS.items():
+        assert headers[name] == value
+    status, headers, body = read(u)
+    assert body == b"<script>alert(1)</script>"
+    # Browsers must not sniff the stream's bytes into something else.
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Content-Type"] == "text/html"
