@@ -43,24 +43,9 @@ def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield from module_server(tmp_path_factory, "live-chunky", "--read-chunk-bytes", "5")
 
 
-_created: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _delete_streams_afterwards() -> Iterator[None]:
-    """Deleting a stream ends any SSE handler still parked on it after its client left.
-
-    (Otherwise each one keeps the server's SIGTERM shutdown waiting; see test_http_restart.)
-    """
-    yield
-    while _created:
-        request("DELETE", _created.pop())
-
-
 def new_stream(srv: ServerProcess, content_type: str = "application/octet-stream", body: bytes | str = b"") -> str:
     u = stream_url(srv.url, unique("live"))
     assert create(u, content_type, body)[0] == 201
-    _created.append(u)
     return u
 
 

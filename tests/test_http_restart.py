@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from .http_helpers import (
+    Background,
     SseReader,
     append,
     close,
@@ -176,12 +177,20 @@ def test_acknowledged_writes_survive_sigkill(server: ServerProcess) -> None:
         srv.stop()
 
 
-def test_sigterm_with_a_connected_sse_reader_exits_promptly(server: ServerProcess) -> None:
+def test_sigterm_with_live_readers_exits_promptly_and_cleanly(server: ServerProcess) -> None:
     u = stream_url(server.url, "watched")
     create(u, "text/plain", "x")
+    # One SSE reader that went away (its handler is still parked), one still connected,
+    # and a long-poll in flight.
+    gone = SseReader(u, "-1")
+    gone.read_until(lambda ev: len(ev) >= 2)
+    gone.close()
     sse = SseReader(u, "-1")
+    tail = head(u)[1]["Stream-Next-Offset"]
+    poll = Background(lambda: read(u, tail, live="long-poll"))
     try:
         sse.read_until(lambda ev: len(ev) >= 2)
+        time.sleep(0.2)
         assert server.proc is not None
         started = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
@@ -190,6 +199,16 @@ def test_sigterm_with_a_connected_sse_reader_exits_promptly(server: ServerProces
         except subprocess.TimeoutExpired:
             code = None
         assert code == 0, f"still running {time.monotonic() - started:.1f}s after SIGTERM"
+        # The connected reader saw its response end (it may reconnect elsewhere): no EOF signal.
+        sse.read_to_eof(timeout=2)
+        assert not any(c.get("streamClosed") for c in sse.controls())
+        poll.result(timeout=5)
     finally:
         sse.close()
         server.kill()
+    # The clean shutdown left a state that a new process opens with everything intact.
+    srv = restart(server)
+    try:
+        assert read(u)[2] == b"x"
+    finally:
+        srv.stop()

@@ -573,9 +573,9 @@ def _sse_data_event(data: bytes, json_mode: bool, binary: bool) -> bytes:
         lines = payload.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     out = bytearray(b"event: data\n")
     for line in lines:
-        # "data: " with the space: parsers drop one space after the colon, so a
-        # line that itself starts with a space keeps it.
-        out += b"data: " + line + b"\n"
+        # Parsers drop one space after "data:", so a line that itself starts
+        # with a space gets an extra one to keep it; others go unpadded.
+        out += (b"data: " if line.startswith(b" ") else b"data:") + line + b"\n"
     out += b"\n"
     return bytes(out)
 
