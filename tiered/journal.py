@@ -72,10 +72,13 @@ class Journal:
 
     # ---------------------------------------------------------------- start
 
-    def recover(self, *, read_only: bool = False) -> StreamState:
-        """Load the newest snapshot and replay the log after it."""
-        loaded = self.snapshots.load_latest()
-        state, start = loaded if loaded is not None else (StreamState(), None)
+    def recover(self, *, read_only: bool = False, new_state: Callable[[], StreamState] = StreamState) -> StreamState:
+        """Load the newest snapshot and replay the log after it.
+
+        ``new_state`` builds an empty state with its extensions registered.
+        """
+        loaded = self.snapshots.load_latest(new_state)
+        state, start = loaded if loaded is not None else (new_state(), None)
         count = 0
         for body_pos, body in self.log.open(start, read_only=read_only):
             record = decode_record(body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tiered.cold.backends import open_object_store
@@ -24,13 +25,32 @@ from .journal import Journal, JournalFailed
 from .live import Visibility, VisibleView, Waiters
 from .records import Appended, Record, StreamCreated, StreamDeleted, StreamExpired
 from .snapshot import SnapshotStore
-from .state import AppendRequest, ColdSlice, CreateRequest, Duplicate, Stream, StreamError, StreamState
+from .state import (
+    AppendRequest,
+    ColdSlice,
+    CreateRequest,
+    Duplicate,
+    StateExtension,
+    Stream,
+    StreamError,
+    StreamState,
+)
 
 log = logging.getLogger(__name__)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def extension_factories() -> list[Callable[[], StateExtension]]:
+    """Factories of the state machines that share the journal with streams."""
+    return []
+
+
+def new_state() -> StreamState:
+    """An empty state with every extension state machine registered."""
+    return StreamState([factory() for factory in extension_factories()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +73,7 @@ class StreamService:
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
         )
-        self.state = StreamState()
+        self.state = new_state()
         self.visibility = Visibility()
         self.waiters = Waiters(config.max_waiters)
         self._tasks: list[asyncio.Task[None]] = []
@@ -69,7 +89,7 @@ class StreamService:
 
     async def start(self, *, run_flusher: bool = True) -> None:
         loop = asyncio.get_running_loop()
-        self.state = await loop.run_in_executor(None, self.journal.recover)
+        self.state = await loop.run_in_executor(None, lambda: self.journal.recover(new_state=new_state))
         self.journal.start()
         c = self.config
         self.store = await open_object_store(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -23,7 +24,7 @@ from .state import ColdObject, ColdRef, HotChunks, ProducerState, Stream, Stream
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 _MAGIC = b"TSNP"
 _HEADER = struct.Struct("<4sII")  # magic, version, crc32c(body)
 
@@ -70,6 +71,7 @@ class StateSnap(msgspec.Struct, array_like=True):
     cold_objects: list[ColdObjectSnap]
     copies_in_flight: dict[str, int]
     paths: list[tuple[str, str, int]]  # which stream holds each path (a soft-deleted one may not)
+    extensions: dict[str, bytes]  # StateExtension name -> its own snapshot bytes
 
 
 def _stream_snap(s: Stream) -> StreamSnap:
@@ -141,12 +143,13 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index) for o in state.cold_objects.values()],
         copies_in_flight=dict(state.copies_in_flight),
         paths=[(b, p, uid) for (b, p), uid in state.paths.items()],
+        extensions={name: ext.snapshot() for name, ext in state.extensions.items()},
     )
     body = msgspec.msgpack.encode(snap)
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
 
 
-def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
+def decode_snapshot(data: bytes, new_state: Callable[[], StreamState] = StreamState) -> tuple[StreamState, LogPosition]:
     magic, version, crc = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
     if magic != _MAGIC or version != SNAPSHOT_VERSION:
@@ -154,7 +157,10 @@ def decode_snapshot(data: bytes) -> tuple[StreamState, LogPosition]:
     if crc32c(body) != crc:
         raise ValueError("snapshot checksum mismatch")
     snap = msgspec.msgpack.decode(body, type=StateSnap)
-    state = StreamState()
+    state = new_state()
+    for name, ext_data in snap.extensions.items():
+        if name in state.extensions:
+            state.extensions[name].restore(ext_data)
     state.next_uid = snap.next_uid
     state.buckets = dict(snap.buckets)
     for n in snap.streams:
@@ -187,7 +193,7 @@ class SnapshotStore:
             return []
         return sorted(p for p in self.directory.iterdir() if p.name.startswith("snapshot-") and p.suffix == ".bin")
 
-    def load_latest(self) -> tuple[StreamState, LogPosition] | None:
+    def load_latest(self, new_state: Callable[[], StreamState] = StreamState) -> tuple[StreamState, LogPosition] | None:
         """The newest snapshot that verifies; an older one is the fallback.
 
         Segments are only deleted behind the oldest kept snapshot, so falling
@@ -197,7 +203,7 @@ class SnapshotStore:
         errors = []
         for path in reversed(files):
             try:
-                return decode_snapshot(path.read_bytes())
+                return decode_snapshot(path.read_bytes(), new_state)
             except (ValueError, msgspec.DecodeError, struct.error) as exc:
                 log.warning("snapshot %s is unusable: %s", path.name, exc)
                 errors.append(f"{path.name}: {exc}")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tiered.cold.parquet_chunk import ChunkIndex
 
@@ -200,10 +202,29 @@ class ColdSlice:
 ReadSlice = HotSlice | ColdSlice
 
 
+class StateExtension(Protocol):
+    """Another deterministic state machine that lives in the same journal.
+
+    Subscriptions and consumer groups register one: the journal replays their
+    records through ``apply`` and snapshots carry their ``snapshot()`` bytes.
+    """
+
+    name: str
+    record_types: tuple[type, ...]
+
+    def apply(self, record: Any) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
 class StreamState:
     """All streams and buckets, and the rules that change them."""
 
-    def __init__(self) -> None:
+    def __init__(self, extensions: Sequence[StateExtension] = ()) -> None:
+        self.extensions: dict[str, StateExtension] = {e.name: e for e in extensions}
+        self._extension_by_type: dict[type, StateExtension] = {t: e for e in extensions for t in e.record_types}
         self.streams: dict[int, Stream] = {}
         self.paths: dict[tuple[str, str], int] = {}
         self.buckets: dict[str, int] = {DEFAULT_BUCKET: 0}
@@ -435,8 +456,11 @@ class StreamState:
                 trimmed = self.streams.get(uid)
                 if trimmed is not None:
                     trimmed.chunks.trim_below(min(offset, trimmed.cold_end))
-        else:  # pragma: no cover - the Record union is closed
-            raise TypeError(f"unknown record {record!r}")
+        else:
+            extension = self._extension_by_type.get(type(record))
+            if extension is None:
+                raise TypeError(f"no state machine applies {type(record).__name__}")
+            extension.apply(record)
 
     def _apply_copy_committed(self, record: ColdCopyCommitted) -> None:
         self.copies_in_flight.pop(record.key, None)

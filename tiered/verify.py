@@ -23,6 +23,7 @@ from tiered.hot.segment import crc32c
 
 from .config import Config
 from .journal import Journal
+from .service import new_state
 from .snapshot import SnapshotStore
 from .state import StreamState
 
@@ -42,7 +43,7 @@ class VerifyReport:
 def load_state_read_only(config: Config) -> StreamState:
     data = config.data_path
     journal = Journal(SegmentLog(data / "hot", segment_bytes=config.segment_bytes), SnapshotStore(data / "snapshots"))
-    return journal.recover(read_only=True)
+    return journal.recover(read_only=True, new_state=new_state)
 
 
 def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int, int]]]:
