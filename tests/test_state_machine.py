@@ -873,7 +873,8 @@ def test_soft_delete_with_forks_is_410() -> None:
     assert status_of(h.decide_create, "src") == 409
     # The fork still reads the inherited bytes.
     assert h.read("f") == b"ab"
-    assert h.state.hot_bytes == 3
+    # Only what the fork inherits is still needed: "c" is released.
+    assert h.state.hot_bytes == 2
 
 
 def test_deleting_last_fork_cascades() -> None:
@@ -887,7 +888,8 @@ def test_deleting_last_fork_cascades() -> None:
     h.delete("b")
     assert h.state.streams[ua].soft_deleted and h.state.streams[ub].soft_deleted
     assert h.read("c") == b"aabc"
-    assert h.state.hot_bytes == 4 + 2 + 1 + 1
+    # Only what c inherits is kept: a's [0, 2), b's [2, 3), plus c and keep.
+    assert h.state.hot_bytes == 2 + 1 + 1 + 1
     h.delete("c")
     for uid in (ua, ub, uc):
         assert uid not in h.state.streams
@@ -984,11 +986,11 @@ def test_hot_bytes_accounting() -> None:
     h.create("b", fork=h.fork_request("a", 4), data=b"xy")
     assert h.state.hot_bytes == 10  # a fork only adds its own bytes
     h.delete("a")
-    assert h.state.hot_bytes == 10  # soft-deleted data still lives in the hot tier
+    assert h.state.hot_bytes == 6  # a soft-deleted source keeps only what its fork inherits
     h.create("c", now=0, ttl_s=1, data=b"ccc")
-    assert h.state.hot_bytes == 13
+    assert h.state.hot_bytes == 9
     h.create("c", now=1_000, data=b"C")  # expired + recreated
-    assert h.state.hot_bytes == 11
+    assert h.state.hot_bytes == 7
     h.delete("b")
     assert h.state.hot_bytes == 1
     assert h.replay().hot_bytes == 1
@@ -1105,9 +1107,23 @@ class Model:
                 return
             s = src
 
+    def _need_end(self, s: MStream) -> int:
+        """How far into ``s``'s offsets readers still reach: all of a live stream,
+        only what forks inherit of a soft-deleted one."""
+        if not s.soft_deleted:
+            return len(s.content)
+        ends = [
+            min(len(c.content) - c.own_bytes, self._need_end(c)) for c in self.objs.values() if c.fork_source is s
+        ]
+        return max(ends, default=0)
+
     @property
     def hot_bytes(self) -> int:
-        return sum(s.own_bytes for s in self.objs.values())
+        total = 0
+        for s in self.objs.values():
+            own_start = len(s.content) - s.own_bytes
+            total += max(0, min(len(s.content), self._need_end(s)) - own_start)
+        return total
 
 
 def _expiry_kwargs(spec: tuple[str, int] | None, now: int) -> dict[str, int]:
@@ -1299,6 +1315,8 @@ class Runner:
 
     def check_reads(self, state: StreamState) -> None:
         for uid, ms in self.m.objs.items():
+            if ms.soft_deleted:
+                continue  # 410 to readers; what its forks inherit is read through them
             s = state.streams[uid]
             want = bytes(ms.content)
             n = len(want)

@@ -111,6 +111,44 @@ class HotTrimmed(_Record, tag="hot.trim.v1"):
     trims: tuple[tuple[int, int], ...]  # (uid, offset)
 
 
+class BucketErased(_Record, tag="bucket.erase.v1"):
+    """Every stream of the bucket is gone and the name is fenced forever."""
+
+    name: str
+    ts_ms: int
+
+
+class RetentionPolicySet(_Record, tag="retention.policy.v1"):
+    """Age/size retention for a bucket (uid None) or one stream; None clears a limit."""
+
+    bucket: str
+    uid: int | None
+    retention_ms: int | None
+    retention_bytes: int | None
+    ts_ms: int
+
+
+class RetentionAdvanced(_Record, tag="retention.advance.v1"):
+    """Streams' earliest retained offsets move forward; data below is released."""
+
+    ts_ms: int
+    advances: tuple[tuple[int, int], ...]  # (uid, new retained offset)
+
+
+class ColdDeleteStarted(_Record, tag="cold.delete-start.v1"):
+    """Journaled before the object-store delete (orphans: keys the metadata never knew)."""
+
+    keys: tuple[str, ...]
+    ts_ms: int
+    orphan: bool
+
+
+class ColdDeleteFinished(_Record, tag="cold.delete-finish.v1"):
+    keys: tuple[str, ...]
+    ts_ms: int
+    orphan: bool
+
+
 Record = (
     BucketCreated
     | StreamCreated
@@ -122,6 +160,11 @@ Record = (
     | ColdCopyCommitted
     | ColdCopyAborted
     | HotTrimmed
+    | BucketErased
+    | RetentionPolicySet
+    | RetentionAdvanced
+    | ColdDeleteStarted
+    | ColdDeleteFinished
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -50,6 +50,11 @@ class StreamSnap(msgspec.Struct, array_like=True):
     cold_refs: list[tuple[int, int, str]]
     cold_end: int
     forks: int
+    retained_from: int
+    retention_ms: int | None
+    retention_bytes: int | None
+    keep_start: int
+    keep_end: int | None
     soft_deleted: bool
     last_access_ms: int
 
@@ -60,6 +65,8 @@ class ColdObjectSnap(msgspec.Struct, array_like=True):
     crc32c: int
     created_ms: int
     index: ChunkIndex
+    released_ms: int | None
+    deleting: bool
 
 
 class StateSnap(msgspec.Struct, array_like=True):
@@ -72,6 +79,8 @@ class StateSnap(msgspec.Struct, array_like=True):
     copies_in_flight: dict[str, int]
     paths: list[tuple[str, str, int]]  # which stream holds each path (a soft-deleted one may not)
     extensions: dict[str, bytes]  # StateExtension name -> its own snapshot bytes
+    erased_buckets: dict[str, int]
+    bucket_retention: dict[str, tuple[int | None, int | None]]
 
 
 def _stream_snap(s: Stream) -> StreamSnap:
@@ -97,6 +106,11 @@ def _stream_snap(s: Stream) -> StreamSnap:
         cold_refs=[(r.start, r.end, r.key) for r in s.cold_refs],
         cold_end=s.cold_end,
         forks=s.forks,
+        retained_from=s.retained_from,
+        retention_ms=s.retention_ms,
+        retention_bytes=s.retention_bytes,
+        keep_start=s.keep_start,
+        keep_end=s.keep_end,
         soft_deleted=s.soft_deleted,
         last_access_ms=s.last_access_ms,
     )
@@ -127,6 +141,11 @@ def _stream_from_snap(n: StreamSnap) -> Stream:
         cold_refs=[ColdRef(a, b, k) for a, b, k in n.cold_refs],
         cold_end=n.cold_end,
         forks=n.forks,
+        retained_from=n.retained_from,
+        retention_ms=n.retention_ms,
+        retention_bytes=n.retention_bytes,
+        keep_start=n.keep_start,
+        keep_end=n.keep_end,
         soft_deleted=n.soft_deleted,
         last_access_ms=n.last_access_ms,
         touch_journaled_ms=n.last_access_ms,
@@ -140,10 +159,12 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         next_uid=state.next_uid,
         buckets=dict(state.buckets),
         streams=[_stream_snap(s) for s in state.streams.values()],
-        cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index) for o in state.cold_objects.values()],
+        cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index, o.released_ms, o.deleting) for o in state.cold_objects.values()],
         copies_in_flight=dict(state.copies_in_flight),
         paths=[(b, p, uid) for (b, p), uid in state.paths.items()],
         extensions={name: ext.snapshot() for name, ext in state.extensions.items()},
+        erased_buckets=dict(state.erased_buckets),
+        bucket_retention=dict(state.bucket_retention),
     )
     body = msgspec.msgpack.encode(snap)
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
@@ -166,14 +187,20 @@ def decode_snapshot(data: bytes, new_state: Callable[[], StreamState] = StreamSt
     for n in snap.streams:
         s = _stream_from_snap(n)
         state.streams[s.uid] = s
-        state.hot_bytes += s.tail - s.cold_end
+        state.hot_bytes += StreamState._hot_contribution(s)
+        if s.fork_source is not None:
+            state.children.setdefault(s.fork_source, set()).add(s.uid)
     for o in snap.cold_objects:
-        state.cold_objects[o.key] = ColdObject(o.key, o.size, o.crc32c, o.created_ms, o.index)
+        state.cold_objects[o.key] = ColdObject(
+            o.key, o.size, o.crc32c, o.created_ms, o.index, released_ms=o.released_ms, deleting=o.deleting
+        )
     for s in state.streams.values():  # reference counts are derived, not stored
         for ref in s.cold_refs:
             state.cold_objects[ref.key].refs += 1
     state.copies_in_flight = dict(snap.copies_in_flight)
     state.paths = {(b, p): uid for b, p, uid in snap.paths}
+    state.erased_buckets = dict(snap.erased_buckets)
+    state.bucket_retention = dict(snap.bucket_retention)
     return state, LogPosition(snap.log_segment, snap.log_offset)
 
 

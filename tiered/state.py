@@ -23,11 +23,16 @@ from .ids import DEFAULT_BUCKET, format_offset
 from .records import (
     Appended,
     BucketCreated,
+    BucketErased,
     ColdCopyAborted,
     ColdCopyCommitted,
     ColdCopyStarted,
+    ColdDeleteFinished,
+    ColdDeleteStarted,
     HotTrimmed,
     Record,
+    RetentionAdvanced,
+    RetentionPolicySet,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
@@ -82,6 +87,15 @@ class HotChunks:
             for arr in self.arrays():
                 del arr[:n]
 
+    def trim_from(self, offset: int) -> None:
+        """Forget chunks that start at or after ``offset``."""
+        n = len(self.starts)
+        while n > 0 and self.starts[n - 1] >= offset:
+            n -= 1
+        if n < len(self.starts):
+            for arr in self.arrays():
+                del arr[n:]
+
     @property
     def start(self) -> int | None:
         return self.starts[0] if self.starts else None
@@ -107,6 +121,8 @@ class ColdObject:
     created_ms: int
     index: ChunkIndex
     refs: int = 0  # live stream ranges that read from it
+    released_ms: int | None = None  # when refs last reached zero (the grace delay starts)
+    deleting: bool = False  # a journaled delete is under way
 
 
 @dataclass(slots=True)
@@ -131,6 +147,11 @@ class Stream:
     cold_refs: list[ColdRef] = field(default_factory=list)
     cold_end: int = -1  # own data below this is in cold objects (set to fork_offset at creation)
     forks: int = 0  # live forks that read through this stream
+    retained_from: int = 0  # reads below this get 410 Gone
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    keep_start: int = 0  # data below this is released (not needed by the stream or its forks)
+    keep_end: int | None = None  # data from here on is released (soft-deleted sources only)
     soft_deleted: bool = False
     last_access_ms: int = 0
     touch_journaled_ms: int = 0
@@ -232,6 +253,9 @@ class StreamState:
         self.hot_bytes = 0  # bytes that live only in hot segments
         self.cold_objects: dict[str, ColdObject] = {}
         self.copies_in_flight: dict[str, int] = {}  # key -> started ms
+        self.children: dict[int, set[int]] = {}  # uid -> uids of live forks of it
+        self.erased_buckets: dict[str, int] = {}  # fenced forever: name -> erased at
+        self.bucket_retention: dict[str, tuple[int | None, int | None]] = {}  # name -> (ms, bytes)
 
     # ------------------------------------------------------------- lookups
 
@@ -251,12 +275,44 @@ class StreamState:
     # ------------------------------------------------------------- decide
 
     def decide_bucket(self, name: str, now_ms: int) -> list[Record]:
+        if name in self.erased_buckets:
+            raise StreamError(409, f"bucket {name!r} was erased; its name can never be used again")
         if name in self.buckets:
             return []
         return [BucketCreated(name=name, ts_ms=now_ms)]
 
+    def decide_erase_bucket(self, name: str, now_ms: int) -> BucketErased:
+        if name == DEFAULT_BUCKET:
+            raise StreamError(409, "the default bucket cannot be erased; delete its streams instead")
+        if name in self.erased_buckets:
+            raise StreamError(410, f"bucket {name!r} was already erased")
+        if name not in self.buckets:
+            raise StreamError(404, f"bucket {name!r} does not exist")
+        return BucketErased(name=name, ts_ms=now_ms)
+
+    def decide_retention_policy(
+        self, bucket: str, path: str | None, retention_ms: int | None, retention_bytes: int | None, now_ms: int
+    ) -> RetentionPolicySet:
+        if bucket not in self.buckets:
+            raise StreamError(404, f"bucket {bucket!r} does not exist")
+        uid = self.lookup(bucket, path, now_ms).uid if path is not None else None
+        return RetentionPolicySet(
+            bucket=bucket, uid=uid, retention_ms=retention_ms, retention_bytes=retention_bytes, ts_ms=now_ms
+        )
+
+    def decide_retain(self, bucket: str, path: str, offset: int, now_ms: int) -> list[Record]:
+        """Advance a stream's earliest retained offset (never backwards)."""
+        s = self.lookup(bucket, path, now_ms)
+        if offset > s.tail:
+            raise StreamError(400, "the retained offset is beyond the stream's tail")
+        if offset <= s.retained_from:
+            return []
+        return [RetentionAdvanced(ts_ms=now_ms, advances=((s.uid, offset),))]
+
     def decide_create(self, bucket: str, path: str, req: CreateRequest, now_ms: int) -> tuple[list[Record], Stream | None]:
         """Records creating the stream, or ``([], existing)`` for an idempotent match."""
+        if bucket in self.erased_buckets:
+            raise StreamError(409, f"bucket {bucket!r} was erased")
         if bucket not in self.buckets:
             raise StreamError(404, f"bucket {bucket!r} does not exist")
         records: list[Record] = []
@@ -433,12 +489,9 @@ class StreamState:
             self.next_uid = max(self.next_uid, s.uid + 1)
             if s.fork_source is not None:
                 self.streams[s.fork_source].forks += 1
+                self.children.setdefault(s.fork_source, set()).add(s.uid)
         elif isinstance(record, (StreamDeleted, StreamExpired)):
-            s = self.streams[record.uid]
-            if s.forks > 0:
-                s.soft_deleted = True
-            else:
-                self._remove(s)
+            self._delete(self.streams[record.uid], record.ts_ms)
         elif isinstance(record, StreamTouched):
             s = self.streams[record.uid]
             s.last_access_ms = max(s.last_access_ms, record.ts_ms)
@@ -456,6 +509,30 @@ class StreamState:
                 trimmed = self.streams.get(uid)
                 if trimmed is not None:
                     trimmed.chunks.trim_below(min(offset, trimmed.cold_end))
+        elif isinstance(record, RetentionAdvanced):
+            for uid, offset in record.advances:
+                target = self.streams.get(uid)
+                if target is not None and offset > target.retained_from:
+                    target.retained_from = min(offset, target.tail)
+                    self._release_chain(target, record.ts_ms)
+        elif isinstance(record, RetentionPolicySet):
+            if record.uid is None:
+                self.bucket_retention[record.bucket] = (record.retention_ms, record.retention_bytes)
+            elif record.uid in self.streams:
+                target = self.streams[record.uid]
+                target.retention_ms, target.retention_bytes = record.retention_ms, record.retention_bytes
+        elif isinstance(record, BucketErased):
+            self._erase_bucket(record.name, record.ts_ms)
+        elif isinstance(record, ColdDeleteStarted):
+            for key in record.keys:
+                obj = self.cold_objects.get(key)
+                if obj is not None:
+                    obj.deleting = True
+        elif isinstance(record, ColdDeleteFinished):
+            for key in record.keys:
+                obj = self.cold_objects.get(key)
+                if obj is not None and obj.refs == 0:
+                    del self.cold_objects[key]
         else:
             extension = self._extension_by_type.get(type(record))
             if extension is None:
@@ -474,10 +551,15 @@ class StreamState:
             # anything else (stream gone, range already cold) leaves it unowned.
             if s is None or r.start != s.cold_end or r.end > s.tail:
                 continue
+            if s.keep_end is not None and r.end > s.keep_end:
+                continue
+            before = self._hot_contribution(s)
             s.cold_refs.append(ColdRef(r.start, r.end, record.key))
             s.cold_end = r.end
-            self.hot_bytes -= r.end - r.start
+            self.hot_bytes += self._hot_contribution(s) - before
             obj.refs += 1
+        if obj.refs == 0 and obj.released_ms is None:
+            obj.released_ms = record.ts_ms
 
     def referenced_segments(self) -> set[int]:
         """Hot segments some stream still reads from."""
@@ -486,22 +568,105 @@ class StreamState:
             segs.update(s.chunks.segs)
         return segs
 
-    def _remove(self, s: Stream) -> None:
+    @staticmethod
+    def _hot_contribution(s: Stream) -> int:
+        """Bytes of ``s`` held only in the hot tier and still needed."""
+        hi = s.tail if s.keep_end is None else min(s.tail, s.keep_end)
+        return max(0, hi - max(s.cold_end, s.keep_start))
+
+    def _unref(self, key: str, ts_ms: int) -> None:
+        obj = self.cold_objects.get(key)
+        if obj is not None:
+            obj.refs -= 1
+            if obj.refs == 0:
+                obj.released_ms = ts_ms
+
+    def needed_range(self, s: Stream) -> tuple[int, int | None]:
+        """The part of ``s``'s own data that readers can still reach: [lo, hi).
+
+        A live stream needs everything from its retained offset on; a fork
+        needs its source below the fork point, from the fork's own floor. A
+        soft-deleted source is needed only for what its forks inherit.
+        """
+        lo: int | None = None if s.soft_deleted else s.retained_from
+        hi: int | None = None
+        for child_uid in self.children.get(s.uid, ()):
+            child = self.streams[child_uid]
+            child_lo, _ = self.needed_range(child)
+            if child_lo < child.fork_offset:
+                lo = child_lo if lo is None else min(lo, child_lo)
+                hi = child.fork_offset if hi is None else max(hi, child.fork_offset)
+        if lo is None:  # soft-deleted and no fork needs anything: keep nothing
+            return s.tail, s.tail
+        return lo, (hi if s.soft_deleted else None)
+
+    def _release(self, s: Stream, ts_ms: int) -> None:
+        """Let go of cold references and hot copies outside what ``s`` still needs."""
+        lo, hi = self.needed_range(s)
+        before = self._hot_contribution(s)
+        s.keep_start = max(s.keep_start, lo)
+        if hi is not None:
+            s.keep_end = hi if s.keep_end is None else min(s.keep_end, hi)
+        s.cold_end = max(s.cold_end, s.keep_start)
+        kept: list[ColdRef] = []
+        for ref in s.cold_refs:
+            if ref.end <= s.keep_start or (s.keep_end is not None and ref.start >= s.keep_end):
+                self._unref(ref.key, ts_ms)
+            else:
+                kept.append(ref)
+        s.cold_refs = kept
+        s.chunks.trim_below(s.keep_start)
+        if s.keep_end is not None:
+            s.chunks.trim_from(s.keep_end)
+        self.hot_bytes += self._hot_contribution(s) - before
+
+    def _release_chain(self, s: Stream, ts_ms: int) -> None:
+        """``s``'s needs changed: release in it and up its fork ancestry."""
+        current: Stream | None = s
+        while current is not None:
+            self._release(current, ts_ms)
+            current = self.streams.get(current.fork_source) if current.fork_source is not None else None
+
+    def _delete(self, s: Stream, ts_ms: int) -> None:
+        if s.soft_deleted:
+            return
+        if s.forks > 0:
+            s.soft_deleted = True
+            self._release_chain(s, ts_ms)
+        else:
+            self._remove(s, ts_ms)
+
+    def _erase_bucket(self, name: str, ts_ms: int) -> None:
+        # Forks are created after their sources: newest first deletes forks first.
+        for uid in sorted((u for u, st in self.streams.items() if st.bucket == name), reverse=True):
+            target = self.streams.get(uid)
+            if target is not None:
+                self._delete(target, ts_ms)
+        for key in [k for k in self.paths if k[0] == name]:
+            del self.paths[key]
+        self.buckets.pop(name, None)
+        self.bucket_retention.pop(name, None)
+        self.erased_buckets[name] = ts_ms
+
+    def _remove(self, s: Stream, ts_ms: int = 0) -> None:
         """Drop a stream; a soft-deleted source whose last fork this was goes too."""
         while True:
             del self.streams[s.uid]
-            self.hot_bytes -= s.tail - s.cold_end
+            self.children.pop(s.uid, None)
+            self.hot_bytes -= self._hot_contribution(s)
             for ref in s.cold_refs:
-                obj = self.cold_objects.get(ref.key)
-                if obj is not None:
-                    obj.refs -= 1
+                self._unref(ref.key, ts_ms)
             if self.paths.get((s.bucket, s.path)) == s.uid:
                 del self.paths[(s.bucket, s.path)]
             if s.fork_source is None:
                 return
             source = self.streams[s.fork_source]
             source.forks -= 1
+            siblings = self.children.get(source.uid)
+            if siblings is not None:
+                siblings.discard(s.uid)
             if not (source.soft_deleted and source.forks == 0):
+                self._release_chain(source, ts_ms)
                 return
             s = source
 
