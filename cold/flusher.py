@@ -92,6 +92,8 @@ def plan_flush(
         if budget <= 0:
             break
         end = visible_tail(s)
+        if s.keep_end is not None:
+            end = min(end, s.keep_end)  # past it no reader can reach: never copy it
         if end <= s.cold_end:
             continue
         c = s.chunks

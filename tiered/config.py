@@ -47,6 +47,12 @@ class Config:
     cold_object_bytes: int = 16 * MiB
     hot_retention_s: float = 60.0
     read_cache_bytes: int = 64 * MiB
+    # GC and administration.
+    gc_interval_s: float = 60.0
+    gc_grace_s: float = 300.0
+    gc_max_objects_per_pass: int = 1000
+    reconcile_interval_s: float = 3600.0
+    admin_token_file: str = ""
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -68,12 +74,33 @@ class Config:
             raise ConfigError("cold_store = 's3' needs s3_bucket")
         if self.flush_interval_s <= 0 or self.flush_bytes <= 0 or self.cold_object_bytes <= 0:
             raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
+        if self.gc_interval_s <= 0 or self.gc_grace_s < 0 or self.gc_max_objects_per_pass <= 0:
+            raise ConfigError("gc_interval_s and gc_max_objects_per_pass must be positive, gc_grace_s not negative")
         if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
             raise ConfigError("hot_retention_s and read_cache_bytes must not be negative")
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
+
+    def admin_token(self, env: dict[str, str] | None = None) -> str | None:
+        """The admin bearer token: from a file, or ``TIERED_ADMIN_TOKEN`` (never a flag value)."""
+        env = os.environ if env is None else env
+        if self.admin_token_file:
+            try:
+                token = Path(self.admin_token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read admin token file: {exc}") from None
+            if not token:
+                raise ConfigError("the admin token file is empty")
+            return token
+        token = env.get("TIERED_ADMIN_TOKEN", "").strip()
+        return token or None
+
+    @property
+    def loopback_only(self) -> bool:
+        """True when the server can only be reached from this machine."""
+        return self.host in ("localhost", "::1") or self.host.startswith("127.")
 
 
 class ConfigError(ValueError):

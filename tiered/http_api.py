@@ -60,6 +60,7 @@ EXPOSED_HEADERS = ", ".join(
         "Stream-TTL",
         "Stream-Expires-At",
         "Stream-Sse-Data-Encoding",
+        "Stream-Retained-Offset",
         "Producer-Epoch",
         "Producer-Seq",
         "Producer-Expected-Seq",
@@ -347,6 +348,7 @@ class StreamsApi:
         self._expiry_headers(s, headers)
         if v.closed:
             headers["Stream-Closed"] = "true"
+        headers["Stream-Retained-Offset"] = format_offset(s.retained_from)
         return web.Response(status=200, headers=headers)
 
     @staticmethod
@@ -370,7 +372,7 @@ class StreamsApi:
         self.service.touch(s)
         v = self.service.view(s)
         if offset_raw is None or offset_raw == "-1":
-            offset = 0
+            offset = s.retained_from  # the earliest retained byte
         elif offset_raw == "now":
             offset = v.tail
         else:
@@ -379,6 +381,12 @@ class StreamsApi:
                 raise BadRequest(f"malformed offset {offset_raw!r}")
             if parsed > v.tail:
                 raise BadRequest("offset is beyond the end of the stream")
+            if parsed < s.retained_from:
+                raise StreamError(
+                    410,
+                    "data at this offset is no longer retained; Stream-Next-Offset is the earliest",
+                    {"Stream-Next-Offset": format_offset(s.retained_from)},
+                )
             offset = parsed
         if live == "sse":
             return await self._sse(request, s, offset)
@@ -620,6 +628,9 @@ async def _add_security_headers(request: web.Request, response: web.StreamRespon
 
 def build_app(service: StreamService) -> web.Application:
     app = web.Application(client_max_size=service.config.max_body_bytes, middlewares=[protocol_headers])
+    from .http_admin import AdminApi  # imports this module's helpers
+
+    app.add_routes(AdminApi(service).routes())
     app.add_routes(StreamsApi(service).routes())
     app.on_response_prepare.append(_add_security_headers)
     return app

@@ -18,6 +18,7 @@ from tiered.cold.backends import open_object_store
 from tiered.cold.flusher import ColdFlusher
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectStore, ObjectStoreError
+from tiered.gc.runner import GcRunner
 from tiered.hot.log import SegmentLog
 
 from .config import Config
@@ -84,6 +85,9 @@ class StreamService:
         self._flusher_task: asyncio.Task[None] | None = None
         self._last_segment_snapshot = 0.0
         self.closing = False  # set at shutdown: live readers finish at once
+        self.segments_deleted_last = 0
+        self.gc: GcRunner | None = None
+        self._gc_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -110,8 +114,16 @@ class StreamService:
             target_object_bytes=c.cold_object_bytes,
             hot_retention_s=c.hot_retention_s,
         )
+        self.gc = GcRunner(
+            self,
+            grace_s=c.gc_grace_s,
+            max_objects=c.gc_max_objects_per_pass,
+            interval_s=c.gc_interval_s,
+            reconcile_interval_s=c.reconcile_interval_s,
+        )
         if run_flusher:
             self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
+            self._gc_task = asyncio.create_task(self.gc.run_forever(), name="gc")
 
     def begin_shutdown(self) -> None:
         """Release live readers so the HTTP server can drain quickly."""
@@ -120,12 +132,13 @@ class StreamService:
 
     async def stop(self) -> None:
         self.begin_shutdown()
-        if self._flusher_task is not None:
-            self._flusher_task.cancel()
-            try:
-                await self._flusher_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        for task in (self._flusher_task, self._gc_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         for task in list(self._tasks):
             task.cancel()
         self.waiters.notify_all()
@@ -228,11 +241,29 @@ class StreamService:
             if floor is not None and sid < floor.segment:
                 log_.delete_segment(sid)
                 deleted += 1
+        self.segments_deleted_last = deleted
         if deleted < len(unreferenced) and time.monotonic() - self._last_segment_snapshot > 10:
             # Replay still starts before them: a fresh snapshot moves the floor on.
             self._last_segment_snapshot = time.monotonic()
             await self.journal.snapshot(self.state)
         return deleted
+
+    async def erase_bucket(self, name: str) -> None:
+        await self._admit()
+        await self._durable(self._commit([self.state.decide_erase_bucket(name, now_ms())]))
+
+    async def set_retention(
+        self, bucket: str, path: str | None, retention_ms: int | None, retention_bytes: int | None
+    ) -> None:
+        await self._admit()
+        record = self.state.decide_retention_policy(bucket, path, retention_ms, retention_bytes, now_ms())
+        await self._durable(self._commit([record]))
+
+    async def retain_from(self, bucket: str, path: str, offset: int) -> Stream:
+        await self._admit()
+        records = self.state.decide_retain(bucket, path, offset, now_ms())
+        await self._durable(self._commit(records))
+        return self.lookup(bucket, path)
 
     async def create_bucket(self, name: str) -> bool:
         await self._admit()

@@ -551,7 +551,7 @@ class StreamState:
             # anything else (stream gone, range already cold) leaves it unowned.
             if s is None or r.start != s.cold_end or r.end > s.tail:
                 continue
-            if s.keep_end is not None and r.end > s.keep_end:
+            if s.keep_end is not None and r.start >= s.keep_end:
                 continue
             before = self._hot_contribution(s)
             s.cold_refs.append(ColdRef(r.start, r.end, record.key))

@@ -1,0 +1,90 @@
+"""Journal records of consumer groups (see ``tiered.groups``).
+
+They share the metadata journal with stream records, so they use the same
+encoding: msgpack arrays tagged ``t`` with a versioned name. This module
+depends only on msgspec so ``tiered.records`` can put these types in its
+``Record`` union without an import cycle.
+
+A ``GroupPlanned`` record is the group's complete, bounded intent at one
+revision (members, every target stream's owner, holder and fence, the explicit
+stream list): applying it replaces the previous plan wholesale, but only if
+its ``expected_revision`` is the group's current revision (compare-and-set),
+so a replayed or duplicated plan changes nothing.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class _GroupRecord(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
+    pass
+
+
+class PlanMember(msgspec.Struct, array_like=True, frozen=True):
+    """One processing instance: application id, its join identity and generation."""
+
+    member: str
+    join_id: str  # the instance's join identity (client-chosen, retried verbatim)
+    generation: int  # server-assigned, rises with every join in the group
+    joined_ms: int
+
+
+class PlanTarget(msgspec.Struct, array_like=True, frozen=True):
+    """One stream of the group: who should own it, and who may process it now."""
+
+    stream_uid: int
+    path: str
+    linked: bool  # selected by the pattern or explicit list (False: draining a leftover)
+    owner: str | None  # intended member id
+    holder: str | None  # the one active member id (may differ from owner while it drains)
+    holder_generation: int
+    fence: int  # revision that activated the holder; rises with every activation
+
+
+class GroupCreated(_GroupRecord, tag="group.create.v1"):
+    name: str
+    incarnation: int  # never reused, even for the same name
+    bucket: str
+    pattern: str | None
+    streams: tuple[str, ...]  # explicit paths as created (sorted)
+    session_timeout_ms: int
+    max_members: int
+    max_streams: int
+    ts_ms: int
+
+
+class GroupPlanned(_GroupRecord, tag="group.plan.v1"):
+    name: str
+    incarnation: int
+    expected_revision: int
+    revision: int  # expected_revision + 1
+    op: str  # operation id: a retried operation is recognised and not replanned
+    ts_ms: int
+    explicit: tuple[str, ...]
+    members: tuple[PlanMember, ...]  # sorted by member id
+    targets: tuple[PlanTarget, ...]  # sorted by stream uid
+    retired_joins: tuple[str, ...]  # join identities fenced by this plan
+    dropped_cursors: tuple[int, ...]  # stream uids that no longer exist
+
+
+class GroupCommitted(_GroupRecord, tag="group.commit.v1"):
+    """Cursor commits (stream uid, next offset); a cursor only moves forward."""
+
+    name: str
+    incarnation: int
+    ts_ms: int
+    cursors: tuple[tuple[int, int], ...]
+
+
+class GroupDeleted(_GroupRecord, tag="group.delete.v1"):
+    """Retire an incarnation: its name is free, its cursors are gone."""
+
+    name: str
+    incarnation: int
+    revision: int
+    ts_ms: int
+
+
+GroupRecord = GroupCreated | GroupPlanned | GroupCommitted | GroupDeleted
+GROUP_RECORD_TYPES: tuple[type, ...] = (GroupCreated, GroupPlanned, GroupCommitted, GroupDeleted)
