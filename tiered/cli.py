@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Reads the data dir without modifying it; safe while a server runs.",
     )
     _add_config_flags(verify)
+    gc = sub.add_parser(
+        "gc",
+        help="run one GC pass (on a running server with --url, or offline on a data dir)",
+        description="Run one GC pass: expire streams, apply retention, delete cold objects nobody owns "
+        "(after the grace delay) and reconcile the object store. With --url, a running server does it "
+        "(admin token from TIERED_ADMIN_TOKEN or --admin-token-file); otherwise it runs offline on a data "
+        "dir no server holds. Exit code 1 if integrity errors are found.",
+    )
+    gc.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:4437")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be deleted and why; change nothing")
+    _add_config_flags(gc)
     return parser
 
 
@@ -84,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         return _serve(config)
+    if args.command == "gc":
+        from .gc_command import run_gc_command
+
+        return run_gc_command(config, args.url, args.dry_run)
     if args.command == "verify":
         from .verify import run_verify
 
