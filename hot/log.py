@@ -24,6 +24,7 @@ from .segment import (
     ScanResult,
     frame,
     fsync_dir,
+    later_batch_marker,
     marker_frame,
     parse_segment_name,
     scan_segment,
@@ -122,21 +123,21 @@ class SegmentLog:
                 continue
             from_pos = start.offset if sid == start.segment else HEADER_SIZE
             result = scan_segment(str(path))
+            if sid == start.segment and result.valid_end < start.offset:
+                raise CorruptSegmentError(
+                    f"{path}: verified records end at {result.valid_end}, before the snapshot position "
+                    f"{start.offset}: acknowledged history is missing or damaged"
+                )
             if result.torn_reason is not None:
                 if not last:
                     raise CorruptSegmentError(f"{path}: {result.torn_reason} in a sealed segment")
-                if not self._is_torn_tail(result):
+                if not self._is_torn_tail(result, str(path)):
                     raise CorruptSegmentError(
                         f"{path}: {result.torn_reason}, with data written after it: corruption inside "
                         "acknowledged history, refusing to start"
                     )
                 if not read_only:
                     self._truncate(path, result.valid_end)
-            if sid == start.segment and result.valid_end < start.offset:
-                raise CorruptSegmentError(
-                    f"{path}: ends at {result.valid_end}, before the snapshot position {start.offset}: "
-                    "acknowledged history is missing"
-                )
             for rec in result.records:
                 if rec.body_pos >= from_pos:
                     yield LogPosition(sid, rec.body_pos), rec.body
@@ -156,16 +157,19 @@ class SegmentLog:
         self._write_seg = self._seg
         self._opened = True
 
-    def _is_torn_tail(self, result: ScanResult) -> bool:
+    def _is_torn_tail(self, result: ScanResult, path: str) -> bool:
         """Can the unverifiable bytes only be the unacknowledged last write?"""
         if result.torn_within_last_batch():
             return True
         tail = result.file_size - result.valid_end
         if tail > self.max_batch_bytes + MARKER_FRAME_SIZE:
             return False
-        # The next batch's own marker is what broke, right where it should start,
-        # or no batch completed in this segment at all.
-        return result.batch_end == result.valid_end or result.batch_start is None
+        # The next batch's own marker is what broke, right where it should start
+        # (or no batch completed in this segment at all) - and no whole batch
+        # was written after it.
+        if not (result.batch_end == result.valid_end or result.batch_start is None):
+            return False
+        return later_batch_marker(path, result.valid_end + 1) is None
 
     def _truncate(self, path: Path, size: int) -> None:
         fd = os.open(path, os.O_WRONLY)
@@ -185,6 +189,8 @@ class SegmentLog:
 
     def append(self, body: bytes) -> LogPosition:
         """Frame ``body`` into the pending batch; return where the body will live."""
+        if not body:
+            raise ValueError("log records are never empty (an empty frame reads as torn)")
         data = frame(body)
         if self._size + len(data) + MARKER_FRAME_SIZE > self.segment_bytes and self._size > HEADER_SIZE:
             self._seg += 1

@@ -145,6 +145,27 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
     return ScanResult(records, pos, size, torn, batch_start, batch_end)
 
 
+def later_batch_marker(path: str, after: int) -> int | None:
+    """Position of a verifiable batch marker past ``after``, if any.
+
+    A torn tail is the end of the log: finding a whole later batch means the
+    unverifiable bytes sit in acknowledged history instead.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    needle = FRAME.pack(MARKER.size, 0)[:4]  # the length field of a marker frame
+    pos = data.find(needle, after)
+    while pos >= 0:
+        end = pos + MARKER_FRAME_SIZE
+        if end <= len(data):
+            _length, crc = FRAME.unpack_from(data, pos)
+            body = data[pos + FRAME_SIZE : end]
+            if body[0] == MARKER_TAG and google_crc32c.value(body) == crc:
+                return pos
+        pos = data.find(needle, pos + 1)
+    return None
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

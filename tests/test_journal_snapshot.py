@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tiered.hot.log import LogPosition, SegmentLog
-from tiered.hot.segment import FRAME_SIZE, frame, segment_name
+from tiered.hot.segment import FRAME_SIZE, MARKER_FRAME_SIZE, frame, marker_frame, segment_name
 from tiered.journal import Journal, JournalFailed, data_location
 from tiered.records import Appended, Record, StreamCreated, StreamDeleted, encode_record
 from tiered.snapshot import SNAPSHOT_VERSION, SnapshotError, SnapshotStore, decode_snapshot, encode_snapshot
@@ -294,9 +294,10 @@ def test_torn_tail_after_crash_loses_only_the_unacknowledged_record(tmp_path: Pa
         await j.close()
 
     run(main())
-    # A crash in the middle of writing the next record.
+    # A crash in the middle of writing the next batch: its marker, then the record, cut short.
     seg = tmp_path / "hot" / segment_name(1)
-    torn = frame(encode_record(StreamDeleted(uid=1, ts_ms=99)))[:-2]
+    record = frame(encode_record(StreamDeleted(uid=1, ts_ms=99)))
+    torn = (marker_frame(MARKER_FRAME_SIZE + len(record)) + record)[:-2]
     with open(seg, "ab") as f:
         f.write(torn)
     j2 = make_journal(tmp_path)
