@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from .http_helpers import (
+    Background,
     append,
     assert_security_headers,
     close,
@@ -233,3 +234,29 @@ def test_closed_stream_remains_readable(srv: ServerProcess) -> None:
     assert status == 200
     assert body == payload
     assert headers["Stream-Closed"] == "true"
+
+
+# ------------------------------------------------------------- concurrency
+
+
+def test_concurrent_appends_are_all_kept_whole_and_in_offset_order(srv: ServerProcess) -> None:
+    u = new_stream(srv)
+    payloads = [bytes([i]) * (10 + i) for i in range(24)]
+    workers = [Background(lambda p=p: append(u, p)) for p in payloads]
+    results = [w.result() for w in workers]
+    assert all(status == 204 for status, _, _ in results)
+    offsets = [headers["Stream-Next-Offset"] for _, headers, _ in results]
+    assert len(set(offsets)) == len(offsets)
+    content = read(u)[2]
+    assert len(content) == sum(len(p) for p in payloads)
+    # Each append is contiguous, and its acknowledged offset is where it ends.
+    by_end = sorted(zip(offsets, payloads, strict=True))
+    assert content == b"".join(p for _, p in by_end)
+
+
+def test_concurrent_creates_make_exactly_one_stream(srv: ServerProcess) -> None:
+    u = stream_url(srv.url, unique("race"))
+    workers = [Background(lambda: create(u, "text/plain", "initial")) for _ in range(12)]
+    statuses = sorted(w.result()[0] for w in workers)
+    assert statuses == [200] * 11 + [201]
+    assert read(u)[2] == b"initial"

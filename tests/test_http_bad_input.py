@@ -275,11 +275,6 @@ def test_every_refused_request_leaves_the_stream_unchanged(srv: ServerProcess) -
 # ------------------------------------------------- header bytes, framing
 
 
-@pytest.mark.xfail(
-    reason="header values with non-UTF-8 bytes reach the journal encoder (or str.encode in path "
-    "validation) as surrogate-escaped text and raise UnicodeEncodeError: 500 instead of 400",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("method", "header", "value"),
     [

@@ -10,6 +10,7 @@ import pytest
 
 from .http_helpers import (
     Background,
+    SseReader,
     append,
     close,
     create,
@@ -17,6 +18,7 @@ from .http_helpers import (
     head,
     module_server,
     read,
+    read_all,
     request,
     stream_url,
     unique,
@@ -379,3 +381,38 @@ def test_long_poll_on_fork_ignores_source_appends(srv: ServerProcess) -> None:
     status, _, body = waiter.result()
     assert (status, body) == (200, b"fork-only")
     assert waiter.elapsed < 2.0
+
+
+def test_sse_on_fork_streams_inherited_then_own_data_only(srv: ServerProcess) -> None:
+    src = new_stream(srv, "text/plain", "inherited|")
+    f, _, _, _ = fork(srv, src)
+    append(src, "source-after-fork|", "text/plain")
+    with SseReader(f, "-1") as sse:
+        events = sse.read_until(lambda ev: any(e.event == "control" and e.json().get("upToDate") for e in ev))
+        assert "".join(e.data for e in events if e.event == "data") == "inherited|"
+        append(src, "source-again|", "text/plain")
+        append(f, "fork-own|", "text/plain", Stream_Closed="true")
+        events = sse.read_to_eof()
+        assert "".join(e.data for e in events if e.event == "data") == "inherited|fork-own|"
+        assert events[-1].json()["streamClosed"] is True
+
+
+def test_chunked_reads_of_a_fork_chain_are_byte_exact(tmp_path_factory: pytest.TempPathFactory) -> None:
+    srv = ServerProcess(tmp_path_factory.mktemp("fork-chunky") / "data", "--read-chunk-bytes", "3").start()
+    try:
+        a = new_stream(srv, "application/octet-stream", bytes(range(0, 10)))
+        append(a, bytes(range(10, 20)))
+        b, _, _, _ = fork(srv, a, body=bytes(range(100, 107)))
+        append(a, b"\xff" * 5)  # after the fork point: never part of b or c
+        c, _, _, _ = fork(srv, b, offset=head(b)[1]["Stream-Next-Offset"], body=bytes(range(200, 211)))
+        expected = bytes(range(0, 20)) + bytes(range(100, 107)) + bytes(range(200, 211))
+        data, responses = read_all(c)
+        assert data == expected
+        assert len(responses) == -(-len(expected) // 3)
+        # Every intermediate offset is a valid place to resume.
+        for _, headers, _ in responses:
+            off = headers["Stream-Next-Offset"]
+            rest, _ = read_all(c, off)
+            assert expected.endswith(rest)
+    finally:
+        srv.stop()

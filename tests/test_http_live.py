@@ -31,6 +31,7 @@ pytestmark = pytest.mark.timeout(60)
 
 LONG_POLL_TIMEOUT = 2.0  # what module_server passes as --long-poll-timeout-s
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
+CHUNK = 3  # --read-chunk-bytes of the chunky server
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "live-chunky", "--read-chunk-bytes", "5")
+    """At most CHUNK bytes per read: smaller than some UTF-8 characters."""
+    yield from module_server(tmp_path_factory, "live-chunky", "--read-chunk-bytes", str(CHUNK))
 
 
 def new_stream(srv: ServerProcess, content_type: str = "application/octet-stream", body: bytes | str = b"") -> str:
@@ -392,16 +394,17 @@ def test_sse_binary_chunks_decode_separately(chunky: ServerProcess) -> None:
         events = sse.read_until(up_to_date)
     data = [e for e in events if e.event == "data"]
     ctls = controls(events)
-    assert len(data) == len(ctls) == 5
+    assert len(data) == len(ctls) == -(-len(payload) // CHUNK)
     assert b"".join(e.b64() for e in data) == payload
     assert all("upToDate" not in c for c in ctls[:-1])
+    assert all(str(c["streamCursor"]).isdigit() for c in ctls)  # open stream: always a cursor
     assert ctls[-1]["upToDate"] is True
     offsets = [c["streamNextOffset"] for c in ctls]
     assert offsets == sorted(offsets)
 
 
 def test_sse_text_chunks_do_not_split_utf8_characters(chunky: ServerProcess) -> None:
-    text = "ééé"  # 6 bytes; the chunking server cuts after 5
+    text = "aéééb"  # chunks of 3 bytes would cut every other é in half
     u = new_stream(chunky, "text/plain; charset=utf-8", text)
     with SseReader(u, "-1") as sse:
         events = sse.read_until(up_to_date)
@@ -415,3 +418,77 @@ def test_sse_base64_of_every_byte_value_is_standard_alphabet(srv: ServerProcess)
         events = sse.read_until(up_to_date)
     text = events[0].data.replace("\n", "")
     assert text == base64.b64encode(payload).decode()
+
+
+def test_sse_connection_is_recycled_without_claiming_eof(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Servers close SSE connections periodically; the client resumes from the last control offset."""
+    srv = ServerProcess(tmp_path_factory.mktemp("sse-short") / "data", "--sse-max-connection-s", "1").start()
+    try:
+        u = new_stream(srv, "text/plain", "first")
+        with SseReader(u, "-1") as sse:
+            assert sse.read_to_eof(timeout=5)
+            last = sse.controls()[-1]
+            assert "streamClosed" not in last
+            assert last["upToDate"] is True
+        append(u, "second", "text/plain")
+        with SseReader(u, str(last["streamNextOffset"])) as sse:
+            events = sse.read_until(up_to_date)
+            assert [e.event for e in events] == ["data", "control"]
+            assert events[0].data == "second"
+    finally:
+        srv.stop()
+
+
+def test_sse_json_chunks_are_whole_arrays(chunky: ServerProcess) -> None:
+    messages = [{"id": i, "pad": "x" * (i % 3)} for i in range(8)]
+    u = new_stream(chunky, "application/json", json.dumps(messages))
+    with SseReader(u, "-1") as sse:
+        events = sse.read_until(up_to_date)
+    got: list[object] = []
+    for e in events:
+        if e.event == "data":
+            part = e.json()
+            assert isinstance(part, list) and part
+            got.extend(part)
+    assert got == messages
+
+
+@pytest.mark.parametrize(
+    ("content_type", "encoded"),
+    [
+        ("text/plain", False),
+        ("TEXT/HTML; charset=utf-8", False),
+        ("text/csv", False),
+        ("application/json", False),
+        ("application/json; charset=utf-8", False),
+        ("application/octet-stream", True),
+        ("application/ndjson", True),
+        ("application/x-protobuf", True),
+        ("image/svg+xml", True),
+    ],
+)
+def test_sse_encoding_follows_the_content_type(srv: ServerProcess, content_type: str, encoded: bool) -> None:
+    body = "[1]" if "json" in content_type and "nd" not in content_type else "abc"
+    u = new_stream(srv, content_type, body)
+    with SseReader(u, "-1") as sse:
+        assert sse.status == 200
+        assert sse.headers["Content-Type"] == "text/event-stream"
+        assert sse.headers.get("Stream-Sse-Data-Encoding") == ("base64" if encoded else None)
+        events = sse.read_until(up_to_date)
+    data = events[0]
+    assert (data.b64().decode() if encoded else data.data) == body
+
+
+def test_sse_text_chunks_do_not_split_crlf(chunky: ServerProcess) -> None:
+    text = "ab\r\nefgh"  # the chunking server cuts after 3 bytes: between \r and \n
+    u = new_stream(chunky, "text/plain", text)
+    with SseReader(u, "-1") as sse:
+        events = sse.read_until(up_to_date)
+    assert "".join(e.data for e in events if e.event == "data") == "ab\nefgh"
+
+
+def test_sse_text_never_splits_a_character_even_with_tiny_chunks(chunky: ServerProcess) -> None:
+    u = new_stream(chunky, "text/plain; charset=utf-8", "😀😀")  # 4-byte characters, 3-byte chunks
+    with SseReader(u, "-1") as sse:
+        events = sse.read_until(up_to_date)
+    assert "".join(e.data for e in events if e.event == "data") == "😀😀"

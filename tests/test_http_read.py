@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -353,3 +355,61 @@ def test_delete_closed_stream(srv: ServerProcess) -> None:
     close(u)
     assert request("DELETE", u)[0] == 204
     assert head(u)[0] == 404
+
+
+# ------------------------------------------------------------- cold tier
+
+
+def test_reads_stay_byte_exact_after_data_moves_to_the_cold_tier(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Small segments, immediate flushing and no hot retention: reads come from cold objects."""
+    data_dir = tmp_path_factory.mktemp("read-cold") / "data"
+    args = ["--segment-bytes", "1048576", "--max-body-bytes", "500000", "--hot-retention-s", "0",
+            "--flush-interval-s", "0.2", "--flush-bytes", "1000", "--cold-object-bytes", "100000",
+            "--read-chunk-bytes", "65536"]
+    srv = ServerProcess(data_dir, *args).start()
+    rnd = random.Random(5)
+    chunks = [rnd.randbytes(rnd.randint(1, 250_000)) for _ in range(9)] + [ALL_BYTES]
+    u = new_stream(srv)
+    offsets = [head(u)[1]["Stream-Next-Offset"]]
+    for c in chunks:
+        offsets.append(append(u, c)[1]["Stream-Next-Offset"])
+    j = new_stream(srv, "application/json")
+    messages = [{"i": i, "text": "line\n" * (i % 7), "pad": "x" * 3000} for i in range(200)]
+    for i in range(0, 200, 25):
+        append(j, json.dumps(messages[i : i + 25]), "application/json")
+    f = stream_url(srv.url, unique("cold-fork"))
+    fork_headers = {"Stream-Forked-From": u[u.index("/v1/") :], "Stream-Fork-Offset": offsets[4],
+                    "Stream-Fork-Sub-Offset": "3"}
+    assert request("PUT", f, fork_headers, b"own")[0] == 201
+    expected = b"".join(chunks)
+    deadline = time.monotonic() + 20
+    while not any(data_dir.rglob("*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # let the flusher finish and drop hot copies
+
+    def check() -> None:
+        for i, off in enumerate(offsets):
+            assert read_all(u, off)[0] == b"".join(chunks[i:]), i
+        assert read_all(f)[0] == b"".join(chunks[:4]) + chunks[4][:3] + b"own"
+        got: list[object] = []
+        offset = "-1"
+        while True:
+            _, headers, body = read(j, offset)
+            got.extend(json.loads(body))
+            offset = headers["Stream-Next-Offset"]
+            if headers.get("Stream-Up-To-Date") == "true":
+                break
+        assert got == messages
+
+    try:
+        assert any(data_dir.rglob("*.parquet")), "nothing reached the cold tier"
+        check()
+        assert read_all(u)[0] == expected
+        port = srv.port
+        assert srv.stop() == 0
+        srv = ServerProcess(data_dir, *args)
+        srv.port = port  # same address: the URLs above stay valid
+        srv.start()
+        check()
+    finally:
+        srv.stop()

@@ -102,6 +102,18 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
+# Headers whose values we store or echo: they must be clean UTF-8 text.
+_TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
+
+
+def _clean_header(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates
+        return False
+    return value.isprintable()
+
+
 def _decode_path(raw: str) -> str:
     """Percent-decode strictly: invalid UTF-8 must not alias onto U+FFFD names."""
     try:
@@ -154,6 +166,10 @@ class StreamsApi:
             bucket, path = _stream_address(_decode_path(request.raw_path.split("?", 1)[0]))
         except InvalidName as exc:
             return error_response(400, str(exc))
+        for name in _TEXT_HEADERS:
+            value = request.headers.get(name)
+            if value is not None and not _clean_header(value):
+                return error_response(400, f"{name} must be printable UTF-8 text")
         try:
             return await handler(request, bucket, path)
         except StreamError as exc:
@@ -414,8 +430,15 @@ class StreamsApi:
         data = await self.service.read(s, offset, end) if end > offset else b""
         if whole_chars and end < v.tail and data:
             cut = _utf8_boundary(data)
+            if cut > 0 and data[cut - 1 : cut] == b"\r":
+                cut -= 1  # keep CR LF together: split, a client would see two line breaks
             if cut > 0:
                 data, end = data[:cut], offset + cut
+            else:  # the chunk is smaller than one character: send the whole character
+                end = min(v.tail, offset + 4)
+                data = await self.service.read(s, offset, end)
+                data = data[: _utf8_boundary(data) or len(data)]
+                end = offset + len(data)
         if s.json and end < v.tail and data:
             cut = data.rfind(b"\n") + 1
             if cut == 0:  # one message larger than a chunk: send it whole
@@ -521,9 +544,9 @@ class StreamsApi:
                 changed = await self.service.wait_for_change(s, offset, min(remaining, 15.0))
                 if not changed and time.monotonic() < deadline:
                     await resp.write(b": keep-alive\n\n")
+            await resp.write_eof()
         except (ConnectionResetError, ConnectionError):
-            return resp
-        await resp.write_eof()
+            pass  # the reader went away: nothing to clean up
         return resp
 
     # --------------------------------------------------------------- buckets
@@ -632,5 +655,8 @@ def build_app(service: StreamService) -> web.Application:
 
     app.add_routes(AdminApi(service).routes())
     app.add_routes(StreamsApi(service).routes())
+    from .http_groups import GroupsApi
+
+    GroupsApi(service).install(app)
     app.on_response_prepare.append(_add_security_headers)
     return app
