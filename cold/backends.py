@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .localdir import LocalDirStore
+from .retry import RetryPolicy
 from .s3 import S3Store
 from .store import ObjectStore
 
@@ -34,6 +35,10 @@ async def open_object_store(
             endpoint_url=s3_endpoint or None,
             region=s3_region or None,
             path_style=s3_path_style,
+            # Bounded so a silent endpoint turns into a 503 in about 30 s, not minutes.
+            connect_timeout=3.0,
+            read_timeout=8.0,
+            retry=RetryPolicy(attempts=4, base=0.2, cap=2.0),
         )
         return await store.open()
     raise ValueError(f"unknown object store {kind!r}; use 'local' or 's3'")

@@ -346,7 +346,7 @@ def test_snapshot_then_more_appends_then_recover(tmp_path: Path) -> None:
     run(main())
     files = snapshot_files(tmp_path)
     assert len(files) == 1
-    assert SnapshotStore(tmp_path / "snapshots").oldest_position() == final["pos"]
+    assert SnapshotStore(tmp_path / "snapshots").floor_position() == final["pos"]
     j2 = make_journal(tmp_path)
     recovered = j2.recover()
     assert fingerprint(recovered) == final["fp"]
@@ -562,7 +562,7 @@ def test_decode_snapshot_rejects_damage(mangle: Callable[[bytes], bytes]) -> Non
 def test_snapshot_store_keeps_the_newest_two(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snaps", keep=2)
     assert store.load_latest() is None
-    assert store.oldest_position() is None
+    assert store.floor_position() is None
     state = _state_with_data()
     for seg, off in [(1, 100), (1, 900), (2, 50)]:
         path = store.write(encode_snapshot(state, LogPosition(seg, off)), LogPosition(seg, off))
@@ -572,7 +572,8 @@ def test_snapshot_store_keeps_the_newest_two(tmp_path: Path) -> None:
         "snapshot-00000000000000000001-000000000900.bin",
         "snapshot-00000000000000000002-000000000050.bin",
     ]
-    assert store.oldest_position() == LogPosition(1, 900)
+    # Replay starts at the newest (verified at write) snapshot.
+    assert store.floor_position() == LogPosition(2, 50)
     loaded = store.load_latest()
     assert loaded is not None and loaded[1] == LogPosition(2, 50)
     # Leftover temp files from a crash mid-write are ignored.

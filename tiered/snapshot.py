@@ -238,12 +238,17 @@ class SnapshotStore:
             raise SnapshotError("no snapshot verifies: " + "; ".join(errors))
         return None
 
-    def oldest_position(self) -> LogPosition | None:
-        """The log position of the oldest kept snapshot (segments before it are free)."""
+    def floor_position(self) -> LogPosition | None:
+        """Where replay starts: the newest snapshot's position (segments before it are free).
+
+        Every snapshot is read back and verified right after it is written, so
+        the newest is trusted; the older one kept beside it is a fallback only
+        while the segments it needs still exist.
+        """
         files = self._files()
         if not files:
             return None
-        _, seg, off = files[0].stem.split("-")
+        _, seg, off = files[-1].stem.split("-")
         return LogPosition(int(seg), int(off))
 
     def write(self, data: bytes, position: LogPosition) -> Path:
@@ -258,6 +263,7 @@ class SnapshotStore:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         fsync_dir(str(self.directory))
+        decode_snapshot(final.read_bytes())  # verify what landed before anyone relies on it
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
         return final
