@@ -19,6 +19,7 @@ async def open_object_store(
     s3_endpoint: str = "",
     s3_region: str = "",
     s3_path_style: bool = False,
+    multipart_threshold: int = 64 * 1024 * 1024,
 ) -> ObjectStore:
     """``local``: a directory (the embedded default). ``s3``: AWS or any S3-compatible store.
 
@@ -39,6 +40,8 @@ async def open_object_store(
             connect_timeout=3.0,
             read_timeout=8.0,
             retry=RetryPolicy(attempts=4, base=0.2, cap=2.0),
+            # Above the target object size: a cold object is one PUT, not five parts.
+            multipart_threshold=multipart_threshold,
         )
         return await store.open()
     raise ValueError(f"unknown object store {kind!r}; use 'local' or 's3'")

@@ -241,7 +241,10 @@ class ColdFlusher:
             max_pass_bytes=self.max_pass_bytes,
         )
         committed = 0
-        for pieces in plans:
+        for n, pieces in enumerate(plans):
+            size = sum(p.end - p.start for p in pieces)
+            if n > 0 and n == len(plans) - 1 and size < self.target_object_bytes // 2:
+                break  # a small remainder after full objects waits for the next pass to fill up
             await self._copy(pieces)
             committed += 1
         return committed

@@ -24,6 +24,7 @@ moto_s3 = s3_server.moto_s3
 
 HERE = Path(__file__).parent / "conformance"
 EXPECTED_PASSED = 332  # every non-subscription test of suite 0.3.6
+EXPECTED_PASSED_WITH_SUBSCRIPTIONS = 338  # ... plus its 6 subscription tests (CONFORMANCE_SUBSCRIPTIONS=1)
 
 
 def _suite_home() -> Path:
@@ -42,10 +43,10 @@ def _suite_home() -> Path:
     return home
 
 
-def run_suite(url: str, *, long_poll_ms: int = 20000) -> tuple[int, int, str]:
-    """Run the suite; returns (passed, failed, output)."""
+def run_suite(url: str, *, long_poll_ms: int = 20000, env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """Run the suite (``env``: extra variables for the runner); returns (passed, failed, output)."""
     home = _suite_home()
-    env = {**os.environ, "CONFORMANCE_TEST_URL": url, "LONG_POLL_MS": str(long_poll_ms), "NO_COLOR": "1"}
+    env = {**os.environ, "CONFORMANCE_TEST_URL": url, "LONG_POLL_MS": str(long_poll_ms), "NO_COLOR": "1", **(env or {})}
     proc = subprocess.run(
         ["npx", "vitest", "run", "suite.test.mjs", "--no-coverage", "--reporter=default"],
         cwd=home, env=env, capture_output=True, text=True, timeout=900,
@@ -118,3 +119,17 @@ def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, moto_s3: s3_server
             env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
         )
     )
+
+
+@pytest.mark.conformance
+def test_conformance_suite_with_subscriptions(tmp_path: Path) -> None:
+    """The whole suite including the reserved subscription APIs (webhooks to the suite's 127.0.0.1 receivers)."""
+    _require_node()
+    server = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3").start()
+    try:
+        passed, failed, out = run_suite(server.url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"})
+    finally:
+        server.stop()
+    failures = "\n".join(line for line in out.splitlines() if "FAIL" in line or " × " in line)
+    assert failed == 0, f"{failed} conformance tests failed:\n{failures}"
+    assert passed == EXPECTED_PASSED_WITH_SUBSCRIPTIONS, out[-3000:]

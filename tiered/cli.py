@@ -42,6 +42,8 @@ _HELP = {
     "gc_grace_s": "how long an object nobody owns waits before it is deleted (default 300)",
     "gc_max_objects_per_pass": "bound on objects deleted (and orphans handled) per GC pass (default 1000)",
     "reconcile_interval_s": "how often a GC pass also lists the object store to find orphans (default 3600)",
+    "webhooks": "deliver webhook subscriptions (true/false; default true)",
+    "public_url": "base URL clients reach this server at, for callback and JWKS URLs (default: from the request)",
     "admin_token_file": "file holding the admin bearer token (or set TIERED_ADMIN_TOKEN); without one, "
     "admin operations are allowed only when listening on loopback",
 }

@@ -53,6 +53,9 @@ class Config:
     gc_max_objects_per_pass: int = 1000
     reconcile_interval_s: float = 3600.0
     admin_token_file: str = ""
+    # Subscriptions.
+    webhooks: bool = True
+    public_url: str = ""
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):

@@ -122,15 +122,22 @@ def _decode_path(raw: str) -> str:
         raise InvalidName("the path is not valid UTF-8 once percent-decoded") from None
 
 
+def _not_reserved(path: str) -> str:
+    """``__ds/...`` is the protocol's control namespace (tiered.http_subscriptions), never a stream."""
+    if path.split("/", 1)[0] == "__ds":
+        raise InvalidName("stream paths whose first segment is __ds are reserved for Durable Streams control APIs")
+    return path
+
+
 def _stream_address(path: str) -> tuple[str, str]:
     """(bucket, stream path) for a request path, or raise BadRequest/InvalidName."""
     if path.startswith(STREAM_PREFIX):
-        return DEFAULT_BUCKET, validate_stream_path(path[len(STREAM_PREFIX) :])
+        return DEFAULT_BUCKET, _not_reserved(validate_stream_path(path[len(STREAM_PREFIX) :]))
     if path.startswith(BUCKETS_PREFIX + "/"):
         rest = path[len(BUCKETS_PREFIX) + 1 :]
         bucket, sep, tail = rest.partition("/stream/")
         if sep:
-            return validate_bucket(bucket), validate_stream_path(tail)
+            return validate_bucket(bucket), _not_reserved(validate_stream_path(tail))
     raise InvalidName("not a stream URL")
 
 
@@ -654,6 +661,9 @@ def build_app(service: StreamService) -> web.Application:
     from .http_admin import AdminApi  # imports this module's helpers
 
     app.add_routes(AdminApi(service).routes())
+    from .http_subscriptions import SubscriptionsApi
+
+    app.add_routes(SubscriptionsApi(service).routes())  # the reserved /v1/stream/__ds routes, before streams
     app.add_routes(StreamsApi(service).routes())
     from .http_groups import GroupsApi
 

@@ -14,6 +14,9 @@ import msgspec
 
 from tiered.cold.parquet_chunk import ChunkIndex
 
+from .group_records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
+from .subscription_records import SubscriptionRecord
+
 
 class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
     pass
@@ -165,6 +168,11 @@ Record = (
     | RetentionAdvanced
     | ColdDeleteStarted
     | ColdDeleteFinished
+    | GroupCreated
+    | GroupPlanned
+    | GroupCommitted
+    | GroupDeleted
+    | SubscriptionRecord  # tiered.subscriptions' records (sub.*.vN)
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tiered.cold.backends import open_object_store
 from tiered.cold.flusher import ColdFlusher
@@ -36,6 +37,8 @@ from .state import (
     StreamError,
     StreamState,
 )
+from .subscriptions import SubscriptionState
+from .webhooks import SubscriptionDelivery
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,9 @@ def now_ms() -> int:
 
 def extension_factories() -> list[Callable[[], StateExtension]]:
     """Factories of the state machines that share the journal with streams."""
-    return []
+    from .groups import GroupsState
+
+    return [GroupsState, SubscriptionState]
 
 
 def new_state() -> StreamState:
@@ -88,6 +93,7 @@ class StreamService:
         self.segments_deleted_last = 0
         self.gc: GcRunner | None = None
         self._gc_task: asyncio.Task[None] | None = None
+        self.deliveries: SubscriptionDelivery | None = None  # subscription wakes (tiered.webhooks)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -124,6 +130,13 @@ class StreamService:
         if run_flusher:
             self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
             self._gc_task = asyncio.create_task(self.gc.run_forever(), name="gc")
+        # Subscriptions: fence wakes outstanding before a restart, then deliver in the background.
+        self.deliveries = SubscriptionDelivery(self)
+        await self.deliveries.start()
+
+    @property
+    def subscriptions(self) -> SubscriptionState:
+        return self.state.extensions["subscriptions"]  # type: ignore[return-value]
 
     def begin_shutdown(self) -> None:
         """Release live readers so the HTTP server can drain quickly."""
@@ -132,6 +145,8 @@ class StreamService:
 
     async def stop(self) -> None:
         self.begin_shutdown()
+        if self.deliveries is not None:
+            await self.deliveries.stop()
         for task in (self._flusher_task, self._gc_task):
             if task is not None:
                 task.cancel()
@@ -181,6 +196,11 @@ class StreamService:
                 if isinstance(record, (StreamDeleted, StreamExpired)):
                     self.visibility.forget(record.uid)
                     self.waiters.notify(record.uid)
+            # Subscriptions follow stream events (glob links, wakes): their records join this
+            # batch right after the record that caused them (SubscriptionState.on_stream_event).
+            follow_ups = self.subscriptions.on_stream_event(record, s, self.state)
+            if follow_ups:
+                future = self._commit(follow_ups)
         self._maybe_snapshot()
         return future
 
@@ -216,6 +236,19 @@ class StreamService:
         finally:
             self._snapshotting = False
 
+    async def _decide(self, decide: Callable[..., Any], *args: Any) -> Any:
+        """Run a decide function; a refusal is answered only once what it saw is durable.
+
+        A refusal can rest on state still on its way to disk ("stream is
+        closed" while the close is in flight): answering before it is durable
+        could tell a client something a crash then takes back.
+        """
+        try:
+            return decide(*args)
+        except StreamError:
+            await self.journal.flushed()
+            raise
+
     async def _durable(self, future: asyncio.Future[None] | None) -> None:
         if future is None:
             return
@@ -235,7 +268,7 @@ class StreamService:
         active = log_.end.segment
         referenced = self.state.referenced_segments()
         unreferenced = [sid for sid in log_.segment_ids() if sid < active and sid not in referenced]
-        floor = self.journal.snapshots.oldest_position()
+        floor = self.journal.snapshots.floor_position()
         deleted = 0
         for sid in unreferenced:
             if floor is not None and sid < floor.segment:
@@ -274,7 +307,7 @@ class StreamService:
     async def create(self, bucket: str, path: str, req: CreateRequest) -> tuple[bool, Stream]:
         """Create a stream (or match an existing one). Returns (created, stream)."""
         await self._admit()
-        records, existing = self.state.decide_create(bucket, path, req, now_ms())
+        records, existing = await self._decide(self.state.decide_create, bucket, path, req, now_ms())
         if existing is not None:
             await self.journal.flushed()  # the matching create may still be in flight
             return False, existing
@@ -286,7 +319,7 @@ class StreamService:
 
     async def append(self, bucket: str, path: str, req: AppendRequest) -> AppendResult:
         await self._admit()
-        decided = self.state.decide_append(bucket, path, req, now_ms())
+        decided = await self._decide(self.state.decide_append, bucket, path, req, now_ms())
         if isinstance(decided, Duplicate):
             # The original may still be on its way to disk: answer once it is.
             await self.journal.flushed()
@@ -295,14 +328,15 @@ class StreamService:
         future = self._commit([decided])
         s = self.state.streams[decided.uid]
         tail, closed = s.tail, s.closed
+        await self._durable(future)
+        # After durability: a flush pass only takes durable data.
         if self.flusher is not None and self.state.hot_bytes >= self.config.flush_bytes:
             self.flusher.kick()
-        await self._durable(future)
         return AppendResult(s, tail, closed, False, decided.epoch, decided.seq)
 
     async def delete(self, bucket: str, path: str) -> None:
         await self._admit()
-        record = self.state.decide_delete(bucket, path, now_ms())
+        record = await self._decide(self.state.decide_delete, bucket, path, now_ms())
         await self._durable(self._commit([record]))
 
     def touch(self, s: Stream) -> None:
@@ -326,13 +360,20 @@ class StreamService:
         """
         slices = self.state.plan_read(s, start, end)
         read = self.journal.log.read
-        parts: list[bytes] = []
-        for sl in slices:
-            if isinstance(sl, ColdSlice):
-                parts.append(await self._read_cold(sl))
-            else:
-                parts.append(read(sl.segment, sl.position, sl.length))
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        # Hot slices first, with no await in between: a segment the plan names
+        # cannot be trimmed and deleted while cold reads are in flight.
+        parts: list[bytes | None] = [
+            None if isinstance(sl, ColdSlice) else read(sl.segment, sl.position, sl.length) for sl in slices
+        ]
+        cold = [(i, sl) for i, sl in enumerate(slices) if isinstance(sl, ColdSlice)]
+        if cold:
+            # Ranged GETs of different objects overlap rather than queue.
+            fetched = await asyncio.gather(*(self._read_cold(sl) for _, sl in cold))
+            for (i, _), data in zip(cold, fetched, strict=True):
+                parts[i] = data
+        if len(parts) == 1:
+            return parts[0] or b""
+        return b"".join(p or b"" for p in parts)
 
     async def _read_cold(self, sl: ColdSlice) -> bytes:
         obj = self.state.cold_objects.get(sl.key)

@@ -1,0 +1,1255 @@
+"""Subscriptions: durable cursors over streams that wake workers (protocol sections 6 and 7).
+
+The deterministic core, in the same style as ``state``: requests are *decided*
+against the current state (producing journal records from
+``subscription_records``, or a ``SubscriptionError`` that changes nothing) and
+records are *applied*. Time, randomness (retry jitter) and key material come
+in as arguments; nothing here does I/O. The imperative shell is
+``tiered.webhooks`` (delivery, signing, timers) and ``tiered.http_subscriptions``
+(routes).
+
+Model, per subscription:
+
+* links: ``path -> Link(explicit, glob, acked)``. ``acked`` is the last
+  processed offset (inclusive); ``-1`` means nothing processed yet. A link has
+  pending work when the stream's tail is past ``max(acked, 0)``.
+* ``generation`` counts wakes; at most one wake is recorded at a time. A new
+  wake supersedes (fences) the old one. Callback/ack/release must present a
+  token for, and the body must name, the current generation and wake id.
+* webhook wakes are delivered by the shell; their lease starts when the
+  receiver accepts the delivery (a failing receiver keeps the wake and gets
+  retries on a journaled schedule instead of a new generation per lease).
+  pull-wake wakes wait (unleased) for a claim; a claim starts the lease.
+  A wake whose lease ran out is treated as gone at once, and the shell
+  journals its end (and the next wake, if work is pending).
+
+Stream events reach ``on_stream_event`` from the service, right after a
+stream record is applied: new streams matching a pattern are linked before
+their first byte, appends wake idle subscriptions, deleted streams unlink.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import logging
+import re
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import msgspec
+
+from .ids import DEFAULT_BUCKET, InvalidName, format_offset, parse_offset, validate_stream_path
+from .records import Appended, Record, StreamCreated, StreamDeleted, StreamExpired
+from .state import Stream, StreamState
+from .subscription_records import (
+    SUBSCRIPTION_RECORD_TYPES,
+    Acked,
+    ExplicitLinkRemoved,
+    GenerationFenced,
+    LinkSpec,
+    SigningKeyAdded,
+    StreamGone,
+    StreamsLinked,
+    SubscriptionCreated,
+    SubscriptionDeleted,
+    SubscriptionRecord,
+    WakeClaimed,
+    WakeEnded,
+    WakeIssued,
+    WebhookDelivered,
+    WebhookFailed,
+)
+
+log = logging.getLogger(__name__)
+
+WEBHOOK = "webhook"
+PULL_WAKE = "pull-wake"
+DEFAULT_LEASE_TTL_MS = 30_000
+MIN_LEASE_TTL_MS = 1_000
+MAX_LEASE_TTL_MS = 600_000
+RESERVED_SEGMENT = "__ds"
+BEFORE_FIRST = -1
+TOKEN_TTL_S = 24 * 3600  # defence in depth only: generation fencing is what retires tokens
+RETRY_BASE_MS = 1_000
+RETRY_MAX_MS = 60_000
+RETRY_JITTER = 0.2
+MAX_ID_BYTES = 256
+MAX_URL_LENGTH = 2048
+MAX_DESCRIPTION = 4096
+MAX_WORKER = 256
+
+_ID_RE = re.compile(r"[^\x00-\x20\x7f-\x9f/\\]+")
+_DEV_HTTP_IPV4 = re.compile(r"127\.0\.0\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+_LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.arpa", ".lan")
+
+
+class SubscriptionError(Exception):
+    """A refused request: HTTP status, protocol error code, message and extra error fields."""
+
+    def __init__(self, status: int, code: str, message: str | None = None, **extra: Any) -> None:
+        super().__init__(message or code)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code}
+        if self.message is not None:
+            error["message"] = self.message
+        error.update(self.extra)
+        return {"error": error}
+
+
+def _invalid(message: str) -> SubscriptionError:
+    return SubscriptionError(400, "INVALID_REQUEST", message)
+
+
+def _not_found() -> SubscriptionError:
+    return SubscriptionError(404, "SUBSCRIPTION_NOT_FOUND", "Subscription not found")
+
+
+def _fenced() -> SubscriptionError:
+    return SubscriptionError(409, "FENCED", "Wake generation is stale")
+
+
+def _invalid_offset(message: str) -> SubscriptionError:
+    return SubscriptionError(409, "INVALID_OFFSET", message)
+
+
+# ---------------------------------------------------------------- names & globs
+
+
+def validate_subscription_id(raw: str) -> str:
+    if not raw or len(raw.encode()) > MAX_ID_BYTES or not _ID_RE.fullmatch(raw):
+        raise _invalid(f"subscription ids are 1-{MAX_ID_BYTES} bytes without spaces, control characters or slashes")
+    return raw
+
+
+def normalize_stream_path(raw: object, what: str = "stream path") -> str:
+    """A stream-root-relative path (surrounding slashes dropped), validated, not reserved."""
+    if not isinstance(raw, str):
+        raise _invalid(f"{what} must be a string")
+    path = raw.strip("/")
+    try:
+        validate_stream_path(path)
+    except InvalidName as exc:
+        raise _invalid(f"{what} {raw!r}: {exc}") from None
+    if path.split("/", 1)[0] == RESERVED_SEGMENT:
+        raise _invalid(f"{what} {raw!r} is under the reserved {RESERVED_SEGMENT}/ prefix")
+    return path
+
+
+def is_reserved(path: str) -> bool:
+    return path.split("/", 1)[0] == RESERVED_SEGMENT
+
+
+def normalize_pattern(raw: object) -> str:
+    """A glob over stream paths: ``*`` is one whole segment, ``**`` any number (zero or more)."""
+    if not isinstance(raw, str):
+        raise _invalid("pattern must be a string")
+    pattern = raw.strip("/")
+    segments = pattern.split("/")
+    literal = []
+    for seg in segments:
+        if seg in ("*", "**"):
+            literal.append("x")
+        elif "*" in seg:
+            raise _invalid("pattern wildcards must be whole path segments: * (one segment) or ** (any number)")
+        else:
+            literal.append(seg)
+    try:
+        validate_stream_path("/".join(literal))
+    except InvalidName as exc:
+        raise _invalid(f"pattern {raw!r}: {exc}") from None
+    if segments[0] == RESERVED_SEGMENT:
+        raise _invalid(f"pattern {raw!r} is under the reserved {RESERVED_SEGMENT}/ prefix")
+    return pattern
+
+
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A regex that full-matches ``"/" + path`` for the paths ``pattern`` selects."""
+    rx = []
+    for seg in pattern.split("/"):
+        if seg == "**":
+            rx.append("(?:/[^/]+)*")
+        elif seg == "*":
+            rx.append("/[^/]+")
+        else:
+            rx.append("/" + re.escape(seg))
+    return re.compile("".join(rx), re.DOTALL)
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    return compile_glob(pattern).fullmatch("/" + path) is not None
+
+
+# ---------------------------------------------------------------- webhook URLs
+
+
+def _literal_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        # Legacy IPv4 spellings (``2130706433``, ``0x7f.1``, ``127.1``) that resolvers accept.
+        if not re.fullmatch(r"[0-9a-fx.]+", host):
+            return None
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def is_public_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Globally routable unicast: not private, loopback, link-local, CGNAT, multicast or reserved."""
+    return ip.is_global and not ip.is_multicast
+
+
+def validate_webhook_url(raw: object) -> str:
+    """Accept only https to public hosts, plus http to localhost / 127.0.0.x for development.
+
+    No DNS lookup happens here (the delivery shell checks resolved addresses
+    at connect time); literal IPs, legacy IPv4 spellings and local-looking
+    names (``localhost``, ``*.local``, ``*.internal``, single-label names) are
+    judged as written.
+    """
+
+    def reject(message: str) -> SubscriptionError:
+        return SubscriptionError(400, "WEBHOOK_URL_REJECTED", message)
+
+    if not isinstance(raw, str) or not raw:
+        raise _invalid("webhook subscriptions require webhook.url")
+    if len(raw) > MAX_URL_LENGTH or any(c <= " " or c == "\x7f" for c in raw):
+        raise reject("webhook.url must be a valid URL")
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise reject("webhook.url must be a valid URL") from None
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if scheme not in ("http", "https") or not host:
+        raise reject("webhook.url must be an https URL")
+    name = host[:-1] if host.endswith(".") else host
+    if scheme == "http":
+        if name == "localhost" or _DEV_HTTP_IPV4.fullmatch(host):
+            return raw
+        raise reject("http webhook URLs are only allowed for localhost or 127.0.0.x")
+    ip = _literal_ip(name)
+    if ip is not None:
+        if not is_public_ip(ip):
+            raise reject("webhook.url must not target private, loopback, link-local or reserved addresses")
+        return raw
+    if name == "localhost":
+        raise reject("localhost webhook URLs must use http for development")
+    if "." not in name or name.endswith(_LOCAL_SUFFIXES):
+        raise reject("webhook.url must not target local network names")
+    return raw
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionConfig:
+    type: str
+    pattern: str | None
+    streams: tuple[str, ...]  # sorted, unique
+    webhook_url: str | None
+    wake_stream: str | None
+    lease_ttl_ms: int
+    description: str | None
+
+    def hash(self) -> str:
+        """The normalized-configuration hash that decides 200 (same) or 409 (different)."""
+        canonical = {
+            "type": self.type,
+            "pattern": self.pattern,
+            "streams": list(self.streams),
+            "webhook": {"url": self.webhook_url} if self.webhook_url is not None else None,
+            "wake_stream": self.wake_stream,
+            "lease_ttl_ms": self.lease_ttl_ms,
+            "description": self.description,
+        }
+        return hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
+
+
+def _int_field(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def parse_config(body: object, *, webhooks_enabled: bool = True) -> SubscriptionConfig:
+    """The subscription configuration in a PUT body, normalized; ``SubscriptionError`` if invalid."""
+    if not isinstance(body, dict):
+        raise _invalid("Request body must be a JSON object")
+    kind = body.get("type")
+    if kind not in (WEBHOOK, PULL_WAKE):
+        raise _invalid('type must be "webhook" or "pull-wake"')
+    raw_pattern = body.get("pattern")
+    pattern = normalize_pattern(raw_pattern) if raw_pattern not in (None, "") else None
+    raw_streams = body.get("streams")
+    if raw_streams is None:
+        raw_streams = []
+    if not isinstance(raw_streams, list):
+        raise _invalid("streams must be an array of stream paths")
+    streams = tuple(sorted({normalize_stream_path(s, "streams entry") for s in raw_streams}))
+    if pattern is None and not streams:
+        raise _invalid("At least one of pattern or streams is required")
+    raw_ttl = body.get("lease_ttl_ms")
+    lease = DEFAULT_LEASE_TTL_MS if raw_ttl is None else _int_field(raw_ttl)
+    if lease is None or not MIN_LEASE_TTL_MS <= lease <= MAX_LEASE_TTL_MS:
+        raise _invalid(f"lease_ttl_ms must be an integer from {MIN_LEASE_TTL_MS} to {MAX_LEASE_TTL_MS}")
+    description = body.get("description")
+    if description is not None and (not isinstance(description, str) or len(description) > MAX_DESCRIPTION):
+        raise _invalid(f"description must be a string of at most {MAX_DESCRIPTION} characters")
+    webhook_url = wake_stream = None
+    if kind == WEBHOOK:
+        if body.get("wake_stream") is not None:
+            raise _invalid("wake_stream is only for pull-wake subscriptions")
+        if not webhooks_enabled:
+            raise _invalid("webhook subscriptions are not enabled on this server")
+        hook = body.get("webhook")
+        if not isinstance(hook, dict) or not hook.get("url"):
+            raise _invalid("webhook subscriptions require webhook.url")
+        webhook_url = validate_webhook_url(hook["url"])
+    else:
+        if body.get("webhook") is not None:
+            raise _invalid("webhook is only for webhook subscriptions")
+        raw_wake = body.get("wake_stream")
+        if raw_wake in (None, ""):
+            raise _invalid("pull-wake subscriptions require wake_stream")
+        wake_stream = normalize_stream_path(raw_wake, "wake_stream")
+        if wake_stream in streams:
+            raise _invalid("a subscription's wake_stream cannot also be one of its streams")
+    return SubscriptionConfig(kind, pattern, streams, webhook_url, wake_stream, lease, description)
+
+
+def parse_streams_body(body: object) -> tuple[str, ...]:
+    """``{"streams": [...]}`` of POST .../streams: a non-empty array of stream paths."""
+    streams = body.get("streams") if isinstance(body, dict) else None
+    if not isinstance(streams, list) or not streams:
+        raise _invalid("streams must be a non-empty array of stream paths")
+    return tuple(dict.fromkeys(normalize_stream_path(s, "streams entry") for s in streams))
+
+
+def parse_worker(body: object) -> str:
+    worker = body.get("worker") if isinstance(body, dict) else None
+    if not isinstance(worker, str) or not worker or len(worker) > MAX_WORKER:
+        raise _invalid(f"worker must be a non-empty string of at most {MAX_WORKER} characters")
+    return worker
+
+
+@dataclass(frozen=True, slots=True)
+class WakeRequest:
+    """The body of callback, ack and release: which wake, and (callback/ack) what was processed."""
+
+    wake_id: str
+    generation: int
+    acks: tuple[tuple[str, int], ...] = ()
+    done: bool = False
+
+
+def parse_wake_request(body: object, *, with_acks: bool = True) -> WakeRequest:
+    if not isinstance(body, dict):
+        raise _invalid("Request body must be a JSON object")
+    wake_id, generation = body.get("wake_id"), _int_field(body.get("generation"))
+    if not isinstance(wake_id, str) or not wake_id:
+        raise _invalid("wake_id must be a non-empty string")
+    if generation is None:
+        raise _invalid("generation must be an integer")
+    if not with_acks:
+        return WakeRequest(wake_id, generation)
+    done = body.get("done", False)
+    if not isinstance(done, bool):
+        raise _invalid("done must be true or false")
+    raw_acks = body.get("acks")
+    if raw_acks is None:
+        raw_acks = []
+    if not isinstance(raw_acks, list):
+        raise _invalid("acks must be an array of {stream, offset}")
+    acks = []
+    for ack in raw_acks:
+        if not isinstance(ack, dict):
+            raise _invalid("acks must be an array of {stream, offset}")
+        stream = ack.get("stream", ack.get("path"))
+        offset = ack.get("offset")
+        if not isinstance(stream, str) or not isinstance(offset, str):
+            raise _invalid("each ack needs a stream path and an offset string")
+        if offset == "-1":
+            raise _invalid_offset("Ack offset must not be -1")
+        position = parse_offset(offset)
+        if position is None:
+            raise _invalid(f"malformed ack offset {offset!r}")
+        acks.append((stream.strip("/"), position))
+    return WakeRequest(wake_id, generation, tuple(acks), done)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenClaims:
+    sub: str
+    incarnation: int
+    generation: int
+    wake_id: str
+    exp_s: int
+
+
+class _TokenPayload(msgspec.Struct):
+    sub: str
+    inc: int
+    gen: int
+    wake: str
+    exp: int
+
+
+def mint_token(secret: bytes, claims: TokenClaims) -> str:
+    """An HMAC-SHA256-signed callback/claim token: ``base64url(json).base64url(mac)``."""
+    payload = _b64(msgspec.json.encode(_TokenPayload(claims.sub, claims.incarnation, claims.generation,
+                                                      claims.wake_id, claims.exp_s)))
+    mac = hmac.new(secret, payload.encode(), hashlib.sha256).digest()
+    return f"{payload}.{_b64(mac)}"
+
+
+def read_token(secrets: Iterable[bytes], token: str) -> TokenClaims | None:
+    """The claims of a token signed with one of ``secrets``; None if forged or malformed."""
+    payload, sep, mac = token.partition(".")
+    if not sep or not payload or not mac:
+        return None
+    try:
+        given = _unb64(mac)
+    except ValueError:
+        return None
+    if not any(hmac.compare_digest(hmac.new(s, payload.encode(), hashlib.sha256).digest(), given) for s in secrets):
+        return None
+    try:
+        p = msgspec.json.decode(_unb64(payload), type=_TokenPayload)
+    except (ValueError, msgspec.DecodeError):
+        return None
+    return TokenClaims(p.sub, p.inc, p.gen, p.wake, p.exp)
+
+
+# ---------------------------------------------------------------- keys
+
+
+def key_id(public_key: bytes) -> str:
+    """``ds_`` + the RFC 7638 JWK thumbprint of an Ed25519 public key (base64url SHA-256)."""
+    canonical = msgspec.json.encode({"crv": "Ed25519", "kty": "OKP", "x": _b64(public_key)})  # members sorted, no spaces
+    return "ds_" + _b64(hashlib.sha256(canonical).digest())
+
+
+def public_jwk(kid: str, public_key: bytes) -> dict[str, str]:
+    return {"kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "alg": "EdDSA", "x": _b64(public_key)}
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    kid: str
+    public_key: bytes
+    private_key: bytes
+    token_secret: bytes
+    created_ms: int
+
+
+# ---------------------------------------------------------------- streams as seen from here
+
+
+class StreamsView(Protocol):
+    """The streams under the stream root (default bucket) that subscriptions can link."""
+
+    def tail(self, path: str) -> int | None:
+        """The stream's tail offset, or None if no live stream has that path."""
+        ...
+
+    def paths(self) -> Iterable[str]: ...
+
+
+class StateStreams:
+    """A ``StreamsView`` over ``StreamState``; ``visible_tail`` (the shell's) limits tails to durable data."""
+
+    def __init__(self, state: StreamState, now_ms: int, visible_tail: Callable[[Stream], int] | None = None) -> None:
+        self.state = state
+        self.now_ms = now_ms
+        self.visible_tail = visible_tail
+
+    def _live(self, s: Stream | None) -> bool:
+        return s is not None and not s.soft_deleted and not s.expired(self.now_ms)
+
+    def tail(self, path: str) -> int | None:
+        s = self.state.find(DEFAULT_BUCKET, path)
+        if s is None or not self._live(s):
+            return None
+        return self.visible_tail(s) if self.visible_tail is not None else s.tail
+
+    def paths(self) -> Iterable[str]:
+        for (bucket, path), uid in self.state.paths.items():
+            if bucket == DEFAULT_BUCKET and not is_reserved(path) and self._live(self.state.streams.get(uid)):
+                yield path
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass(slots=True)
+class Link:
+    path: str
+    explicit: bool
+    glob: bool
+    acked: int
+
+    @property
+    def link_type(self) -> str:
+        return "explicit" if self.explicit else "glob"
+
+
+@dataclass(slots=True)
+class Wake:
+    wake_id: str
+    generation: int
+    issued_ms: int
+    stream: str
+    snapshot: dict[str, int]
+    holder: str | None = None
+    lease_expires_ms: int | None = None
+    delivered: bool = False
+
+
+@dataclass(slots=True)
+class Subscription:
+    id: str
+    incarnation: int
+    type: str
+    pattern: str | None
+    streams: tuple[str, ...]
+    webhook_url: str | None
+    wake_stream: str | None
+    lease_ttl_ms: int
+    description: str | None
+    created_ms: int
+    config_hash: str
+    base_url: str
+    links: dict[str, Link] = field(default_factory=dict)
+    generation: int = 0
+    wake: Wake | None = None
+    status: str = "active"  # "failed" while a webhook retry is scheduled
+    attempts: int = 0  # consecutive failed deliveries
+    next_attempt_ms: int | None = None
+    last_error: str | None = None
+    matcher: re.Pattern[str] | None = None
+
+    def matches(self, path: str) -> bool:
+        return self.matcher is not None and path != self.wake_stream and self.matcher.fullmatch("/" + path) is not None
+
+
+def wake_live(sub: Subscription, now_ms: int) -> bool:
+    """Whether the recorded wake still stands at ``now_ms`` (its lease, if any, has not run out)."""
+    w = sub.wake
+    if w is None:
+        return False
+    if w.lease_expires_ms is None:  # pull-wake not claimed yet, webhook not delivered yet
+        return True
+    return now_ms < w.lease_expires_ms
+
+
+def backoff_ms(attempt: int, jitter: float) -> int:
+    """Delay before retry ``attempt`` (1-based): 1 s doubling to 60 s, +-20% by ``jitter`` in [-1, 1]."""
+    base = min(RETRY_BASE_MS * 2 ** min(attempt - 1, 30), RETRY_MAX_MS)
+    return max(0, round(base * (1 + RETRY_JITTER * max(-1.0, min(1.0, jitter)))))
+
+
+def iso_ms(ts_ms: int) -> str:
+    return datetime.fromtimestamp(ts_ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ts_ms % 1000:03d}Z"
+
+
+def format_acked(acked: int) -> str:
+    return "-1" if acked < 0 else format_offset(acked)
+
+
+class _LinkSnap(msgspec.Struct, array_like=True):
+    path: str
+    explicit: bool
+    glob: bool
+    acked: int
+
+
+class _WakeSnap(msgspec.Struct, array_like=True):
+    wake_id: str
+    generation: int
+    issued_ms: int
+    stream: str
+    snapshot: list[tuple[str, int]]
+    holder: str | None
+    lease_expires_ms: int | None
+    delivered: bool
+
+
+class _SubSnap(msgspec.Struct, array_like=True):
+    id: str
+    incarnation: int
+    type: str
+    pattern: str | None
+    streams: list[str]
+    webhook_url: str | None
+    wake_stream: str | None
+    lease_ttl_ms: int
+    description: str | None
+    created_ms: int
+    config_hash: str
+    base_url: str
+    links: list[_LinkSnap]
+    generation: int
+    wake: _WakeSnap | None
+    status: str
+    attempts: int
+    next_attempt_ms: int | None
+    last_error: str | None
+
+
+class _KeySnap(msgspec.Struct, array_like=True):
+    kid: str
+    public_key: bytes
+    private_key: bytes
+    token_secret: bytes
+    created_ms: int
+
+
+class _StateSnap(msgspec.Struct, array_like=True):
+    version: int
+    next_incarnation: int
+    keys: list[_KeySnap]
+    subscriptions: list[_SubSnap]
+
+
+SNAPSHOT_VERSION = 1
+
+
+class SubscriptionState:
+    """All subscriptions and the webhook signing keys: a ``StateExtension`` of ``StreamState``."""
+
+    name = "subscriptions"
+    record_types: tuple[type, ...] = SUBSCRIPTION_RECORD_TYPES
+
+    def __init__(self) -> None:
+        self.subs: dict[str, Subscription] = {}
+        self.by_path: dict[str, set[str]] = {}  # stream path -> ids of subscriptions linking it
+        self.keys: list[SigningKey] = []
+        self.next_incarnation = 1
+        # Bookkeeping for the shell, never snapshotted: ids changed since it last looked,
+        # and a callback to tell it that something changed.
+        self.dirty: set[str] = set()
+        self.listener: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------- lookups
+
+    def get(self, sub_id: str) -> Subscription:
+        sub = self.subs.get(sub_id)
+        if sub is None:
+            raise _not_found()
+        return sub
+
+    @property
+    def active_key(self) -> SigningKey | None:
+        return self.keys[-1] if self.keys else None
+
+    def jwks(self) -> dict[str, Any]:
+        return {"keys": [public_jwk(k.kid, k.public_key) for k in self.keys]}
+
+    def first_pending(self, sub: Subscription, streams: StreamsView, acked: dict[str, int] | None = None,
+                      extra_links: dict[str, int] | None = None) -> str | None:
+        """The first linked path (in path order) with unprocessed data, given projected acks/links."""
+        offsets = {p: link.acked for p, link in sub.links.items()}
+        if extra_links:
+            for p, a in extra_links.items():
+                offsets.setdefault(p, a)
+        if acked:
+            for p, a in acked.items():
+                if p in offsets:
+                    offsets[p] = a
+        for path in sorted(offsets):
+            tail = streams.tail(path)
+            if tail is not None and tail > max(offsets[path], 0):
+                return path
+        return None
+
+    def stream_infos(self, sub: Subscription, streams: StreamsView) -> list[dict[str, Any]]:
+        """Each link with its current tail (claim responses)."""
+        out = []
+        for path in sorted(sub.links):
+            link = sub.links[path]
+            tail = streams.tail(path) or 0
+            out.append(_info(link, tail))
+        return out
+
+    def describe(self, sub: Subscription, jwks_url: str) -> dict[str, Any]:
+        """The subscription as GET (and PUT) return it."""
+        webhook: dict[str, Any] | None = None
+        if sub.type == WEBHOOK:
+            webhook = {"url": sub.webhook_url}
+            key = self.active_key
+            if key is not None:
+                webhook["signing"] = {"alg": "ed25519", "kid": key.kid, "jwks_url": jwks_url}
+        return {
+            "id": sub.id,
+            "subscription_id": sub.id,
+            "type": sub.type,
+            "pattern": sub.pattern,
+            "streams": [
+                {"path": p, "link_type": sub.links[p].link_type, "acked_offset": format_acked(sub.links[p].acked)}
+                for p in sorted(sub.links)
+            ],
+            "webhook": webhook,
+            "wake_stream": sub.wake_stream,
+            "lease_ttl_ms": sub.lease_ttl_ms,
+            "created_at": iso_ms(sub.created_ms),
+            "status": sub.status,
+            "description": sub.description,
+        }
+
+    def webhook_body(self, sub: Subscription, callback_url: str, token: str) -> dict[str, Any]:
+        """The wake notification: the links in the wake's snapshot, at the snapshot's tails."""
+        w = sub.wake
+        assert w is not None
+        streams = [_info(sub.links[p], tail) for p, tail in sorted(w.snapshot.items()) if p in sub.links]
+        return {
+            "subscription_id": sub.id,
+            "wake_id": w.wake_id,
+            "generation": w.generation,
+            "streams": streams,
+            "callback_url": callback_url,
+            "callback_token": token,
+        }
+
+    def token_for(self, sub: Subscription, now_ms: int) -> str:
+        """A token for the current wake (the shell hands it to the webhook or claiming worker)."""
+        key = self.active_key
+        assert key is not None and sub.wake is not None, "a token needs a signing key and a wake"
+        claims = TokenClaims(sub.id, sub.incarnation, sub.generation, sub.wake.wake_id, now_ms // 1000 + TOKEN_TTL_S)
+        return mint_token(key.token_secret, claims)
+
+    def check_token(self, sub: Subscription, token: str | None, now_ms: int) -> TokenClaims:
+        claims = read_token((k.token_secret for k in self.keys), token) if token else None
+        if claims is None or claims.sub != sub.id or claims.incarnation != sub.incarnation:
+            raise SubscriptionError(401, "TOKEN_INVALID", "Token invalid")
+        if now_ms // 1000 > claims.exp_s:
+            raise SubscriptionError(401, "TOKEN_EXPIRED", "Token expired")
+        return claims
+
+    def due_work(self, sub_id: str, now_ms: int) -> tuple[str | None, int | None]:
+        """What the shell should do for a subscription now, and when to look again.
+
+        ``("deliver", _)``: POST the current webhook wake. ``("wake-event", _)``:
+        write the pull-wake event (the shell remembers which it wrote).
+        The deadline is the lease end or the next retry time.
+        """
+        sub = self.subs.get(sub_id)
+        if sub is None or sub.wake is None:
+            return None, None
+        w = sub.wake
+        if sub.type == WEBHOOK and not w.delivered:
+            if sub.next_attempt_ms is not None and sub.next_attempt_ms > now_ms:
+                return None, sub.next_attempt_ms
+            return "deliver", None
+        if sub.type == PULL_WAKE and w.holder is None:
+            return "wake-event", None
+        return None, w.lease_expires_ms
+
+    # ------------------------------------------------------------- decide
+
+    def decide_add_key(self, key: SigningKeyAdded) -> list[SubscriptionRecord]:
+        """Journal a signing key unless one exists (the shell made ``key``: randomness stays out)."""
+        return [] if self.keys else [key]
+
+    def decide_create(self, sub_id: str, cfg: SubscriptionConfig, base_url: str, streams: StreamsView,
+                      now_ms: int) -> tuple[list[SubscriptionRecord], Subscription | None]:
+        """Records creating a subscription, or ``([], existing)`` when re-confirmed identically."""
+        config_hash = cfg.hash()
+        existing = self.subs.get(sub_id)
+        if existing is not None:
+            if existing.config_hash != config_hash:
+                raise SubscriptionError(409, "SUBSCRIPTION_ALREADY_EXISTS",
+                                        "Subscription already exists with different configuration")
+            return [], existing
+        links: list[LinkSpec] = []
+        for path in cfg.streams:
+            tail = streams.tail(path)
+            links.append(LinkSpec(path, "explicit", BEFORE_FIRST if tail is None else tail))
+        if cfg.pattern is not None:
+            matcher = compile_glob(cfg.pattern)
+            for path in sorted(streams.paths()):
+                if path != cfg.wake_stream and matcher.fullmatch("/" + path):
+                    tail = streams.tail(path)
+                    # Backfill at the current tail: creation does not replay history.
+                    links.append(LinkSpec(path, "glob", BEFORE_FIRST if tail is None else tail))
+        return [
+            SubscriptionCreated(
+                id=sub_id,
+                incarnation=self.next_incarnation,
+                ts_ms=now_ms,
+                type=cfg.type,
+                pattern=cfg.pattern,
+                streams=cfg.streams,
+                webhook_url=cfg.webhook_url,
+                wake_stream=cfg.wake_stream,
+                lease_ttl_ms=cfg.lease_ttl_ms,
+                description=cfg.description,
+                config_hash=config_hash,
+                base_url=base_url,
+                links=tuple(links),
+            )
+        ], None
+
+    def decide_delete(self, sub_id: str, now_ms: int) -> list[SubscriptionRecord]:
+        return [SubscriptionDeleted(sub_id, now_ms)] if sub_id in self.subs else []
+
+    def decide_add_streams(self, sub_id: str, paths: Iterable[str], streams: StreamsView,
+                           now_ms: int) -> list[SubscriptionRecord]:
+        sub = self.get(sub_id)
+        links = []
+        for path in paths:
+            if path == sub.wake_stream:
+                raise _invalid("a subscription's wake_stream cannot also be one of its streams")
+            link = sub.links.get(path)
+            if link is not None and link.explicit:
+                continue  # already linked: idempotent
+            tail = streams.tail(path)
+            links.append(LinkSpec(path, "explicit", BEFORE_FIRST if tail is None else tail))
+        return [StreamsLinked(sub_id, now_ms, tuple(links))] if links else []
+
+    def decide_remove_stream(self, sub_id: str, path: str, now_ms: int) -> list[SubscriptionRecord]:
+        sub = self.get(sub_id)
+        link = sub.links.get(path)
+        if link is None or not link.explicit:
+            return []  # absent explicit link: idempotent
+        return [ExplicitLinkRemoved(sub_id, path, now_ms)]
+
+    def _issue(self, sub: Subscription, streams: StreamsView, now_ms: int, trigger: str,
+               extra_links: dict[str, int] | None = None) -> WakeIssued:
+        generation = sub.generation + 1
+        digest = hashlib.sha256(f"{sub.id}\0{sub.incarnation}\0{generation}\0{now_ms}".encode()).hexdigest()
+        paths = set(sub.links) | set(extra_links or ())
+        snapshot = []
+        for path in sorted(paths):
+            tail = streams.tail(path)
+            if tail is not None:
+                snapshot.append((path, tail))
+        return WakeIssued(sub.id, generation, "w_" + digest[:24], now_ms, trigger, tuple(snapshot))
+
+    def decide_claim(self, sub_id: str, worker: str, streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
+        sub = self.get(sub_id)
+        if sub.type != PULL_WAKE:
+            raise _invalid("Subscription is not pull-wake")
+        live = wake_live(sub, now_ms)
+        w = sub.wake
+        if live and w is not None and w.holder is not None:
+            raise SubscriptionError(409, "ALREADY_CLAIMED", current_holder=w.holder, generation=w.generation)
+        trigger = self.first_pending(sub, streams)
+        if trigger is None:
+            raise SubscriptionError(409, "NO_PENDING_WORK", "Subscription has no pending work")
+        records: list[SubscriptionRecord] = []
+        if live and w is not None:
+            generation, wake_id = w.generation, w.wake_id
+        else:
+            issued = self._issue(sub, streams, now_ms, trigger)
+            records.append(issued)
+            generation, wake_id = issued.generation, issued.wake_id
+        records.append(WakeClaimed(sub_id, generation, wake_id, worker, now_ms, now_ms + sub.lease_ttl_ms))
+        return records
+
+    def _check_wake(self, sub: Subscription, token: str | None, req: WakeRequest, now_ms: int) -> Wake:
+        claims = self.check_token(sub, token, now_ms)
+        w = sub.wake
+        if (
+            w is None
+            or not wake_live(sub, now_ms)
+            or claims.generation != sub.generation
+            or req.generation != sub.generation
+            or claims.wake_id != w.wake_id
+            or req.wake_id != w.wake_id
+        ):
+            raise _fenced()
+        return w
+
+    def decide_ack(self, sub_id: str, token: str | None, req: WakeRequest, streams: StreamsView, now_ms: int,
+                   *, pull_only: bool) -> tuple[list[SubscriptionRecord], bool]:
+        """A webhook callback (``pull_only=False``) or a pull-wake ack. Returns (records, next_wake)."""
+        sub = self.get(sub_id)
+        if pull_only and sub.type != PULL_WAKE:
+            raise _invalid("Subscription is not pull-wake")
+        w = self._check_wake(sub, token, req, now_ms)
+        acks: dict[str, int] = {}
+        for path, offset in req.acks:
+            link = sub.links.get(path)
+            if link is None:
+                raise _invalid_offset("Ack references an unknown subscription stream")
+            if offset < link.acked:
+                raise _invalid_offset("Ack offset regresses the committed cursor")
+            if offset > (streams.tail(path) or 0):
+                raise _invalid_offset("Ack offset is beyond stream tail")
+            acks[path] = offset
+        records: list[SubscriptionRecord] = [
+            Acked(sub_id, w.generation, w.wake_id, now_ms, tuple(acks.items()), req.done, now_ms + sub.lease_ttl_ms)
+        ]
+        if not req.done:
+            return records, False
+        trigger = self.first_pending(sub, streams, acked=acks)
+        if trigger is None:
+            return records, False
+        records.append(self._issue(sub, streams, now_ms, trigger))
+        return records, True
+
+    def decide_release(self, sub_id: str, token: str | None, req: WakeRequest, streams: StreamsView,
+                       now_ms: int) -> list[SubscriptionRecord]:
+        sub = self.get(sub_id)
+        if sub.type != PULL_WAKE:
+            raise _invalid("Subscription is not pull-wake")
+        w = self._check_wake(sub, token, req, now_ms)
+        records: list[SubscriptionRecord] = [WakeEnded(sub_id, w.generation, w.wake_id, now_ms, "released")]
+        trigger = self.first_pending(sub, streams)
+        if trigger is not None:
+            records.append(self._issue(sub, streams, now_ms, trigger))
+        return records
+
+    def decide_expire(self, sub_ids: Iterable[str], streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
+        """End wakes whose lease ran out; wake again where work is pending."""
+        records: list[SubscriptionRecord] = []
+        for sub_id in sorted(set(sub_ids)):
+            sub = self.subs.get(sub_id)
+            if sub is None or sub.wake is None or wake_live(sub, now_ms):
+                continue
+            trigger = self.first_pending(sub, streams)
+            if trigger is not None:
+                records.append(self._issue(sub, streams, now_ms, trigger))
+            else:
+                w = sub.wake
+                records.append(WakeEnded(sub_id, w.generation, w.wake_id, now_ms, "lease-expired"))
+        return records
+
+    def decide_recover(self, streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
+        """After a restart: fence every wake that was outstanding (its tokens may be anywhere), wake pending work."""
+        records: list[SubscriptionRecord] = []
+        for sub_id in sorted(self.subs):
+            sub = self.subs[sub_id]
+            trigger = self.first_pending(sub, streams)
+            if trigger is not None:
+                records.append(self._issue(sub, streams, now_ms, trigger))
+            elif sub.wake is not None:
+                records.append(GenerationFenced(sub_id, sub.generation + 1, now_ms, "restart"))
+        return records
+
+    def decide_delivered(self, sub_id: str, wake_id: str, done: bool, streams: StreamsView,
+                         now_ms: int) -> list[SubscriptionRecord]:
+        """The receiver answered 2xx; ``{"done": true}`` acks the wake's snapshot and ends it."""
+        sub = self.subs.get(sub_id)
+        if sub is None:
+            return []
+        w = sub.wake
+        current = w is not None and w.wake_id == wake_id and not w.delivered
+        if not current:
+            # Superseded meanwhile (a callback finished it, a lease ran out): only the health changes.
+            if sub.status != "active" or sub.attempts:
+                return [WebhookDelivered(sub_id, sub.generation, wake_id, now_ms, now_ms + sub.lease_ttl_ms)]
+            return []
+        assert w is not None
+        records: list[SubscriptionRecord] = [
+            WebhookDelivered(sub_id, w.generation, wake_id, now_ms, now_ms + sub.lease_ttl_ms)
+        ]
+        if not done:
+            return records
+        acks = {}
+        for path, tail in w.snapshot.items():
+            link = sub.links.get(path)
+            current_tail = streams.tail(path)
+            if link is not None and current_tail is not None and link.acked <= tail <= current_tail:
+                acks[path] = tail
+        records.append(Acked(sub_id, w.generation, wake_id, now_ms, tuple(sorted(acks.items())), True,
+                             now_ms + sub.lease_ttl_ms))
+        trigger = self.first_pending(sub, streams, acked=acks)
+        if trigger is not None:
+            records.append(self._issue(sub, streams, now_ms, trigger))
+        return records
+
+    def decide_delivery_failed(self, sub_id: str, wake_id: str, error: str, jitter: float,
+                               now_ms: int) -> list[SubscriptionRecord]:
+        """Schedule the next attempt (capped exponential backoff; ``jitter`` in [-1, 1] from the shell)."""
+        sub = self.subs.get(sub_id)
+        w = sub.wake if sub is not None else None
+        if sub is None or w is None or w.wake_id != wake_id or w.delivered:
+            return []
+        attempts = sub.attempts + 1
+        return [WebhookFailed(sub_id, w.generation, wake_id, now_ms, attempts,
+                              now_ms + backoff_ms(attempts, jitter), error[:500])]
+
+    # ------------------------------------------------------------- stream events
+
+    def on_stream_event(self, record: Any, before: Stream | None, state: StreamState) -> list[Record]:
+        """Records that follow a stream record the service just applied (see ``StreamService._commit``).
+
+        ``before`` is the stream the record touched, as it was before (None for a
+        creation). A stream created under a pattern is linked before its first
+        byte (offset -1); an append wakes idle subscriptions linking it; a
+        deleted stream is unlinked. Errors are logged, never raised: the stream
+        record is already journaled and must still succeed.
+        """
+        if not self.subs:
+            return []
+        try:
+            if isinstance(record, Appended):
+                if not record.data or before is None or before.bucket != DEFAULT_BUCKET:
+                    return []
+                ids = self.by_path.get(before.path)
+                if not ids:
+                    return []
+                streams = StateStreams(state, record.ts_ms)
+                return self._wake_idle(sorted(ids), streams, record.ts_ms, before.path, {})
+            if isinstance(record, StreamCreated):
+                if record.bucket != DEFAULT_BUCKET or is_reserved(record.path):
+                    return []
+                return self._on_created(record.path, StateStreams(state, record.ts_ms), record.ts_ms)
+            if isinstance(record, (StreamDeleted, StreamExpired)):
+                if before is None or before.bucket != DEFAULT_BUCKET or before.path not in self.by_path:
+                    return []
+                return [StreamGone(before.path, record.ts_ms)]
+        except Exception:
+            log.exception("subscriptions: handling %s failed", type(record).__name__)
+        return []
+
+    def _on_created(self, path: str, streams: StreamsView, now_ms: int) -> list[Record]:
+        records: list[Record] = []
+        ids = set(self.by_path.get(path, ()))
+        new_links: dict[str, dict[str, int]] = {}
+        for sub in self.subs.values():
+            if not sub.matches(path):
+                continue
+            ids.add(sub.id)
+            link = sub.links.get(path)
+            if link is None or not link.glob:
+                records.append(StreamsLinked(sub.id, now_ms, (LinkSpec(path, "glob", BEFORE_FIRST),)))
+                if link is None:
+                    new_links[sub.id] = {path: BEFORE_FIRST}
+        records.extend(self._wake_idle(sorted(ids), streams, now_ms, path, new_links))
+        return records
+
+    def _wake_idle(self, ids: list[str], streams: StreamsView, now_ms: int, trigger: str,
+                   new_links: dict[str, dict[str, int]]) -> list[Record]:
+        records: list[Record] = []
+        for sub_id in ids:
+            sub = self.subs.get(sub_id)
+            if sub is None or wake_live(sub, now_ms):
+                continue
+            extra = new_links.get(sub_id)
+            if self.first_pending(sub, streams, extra_links=extra) is not None:
+                records.append(self._issue(sub, streams, now_ms, trigger, extra))
+        return records
+
+    # ------------------------------------------------------------- apply
+
+    def apply(self, record: Any) -> None:
+        if isinstance(record, SigningKeyAdded):
+            self.keys.append(SigningKey(record.kid, record.public_key, record.private_key, record.token_secret,
+                                        record.ts_ms))
+        elif isinstance(record, StreamGone):
+            self._apply_stream_gone(record)
+        elif isinstance(record, SubscriptionCreated):
+            self._apply_created(record)
+        else:
+            sub = self.subs.get(record.id)
+            if sub is None:
+                return
+            self.dirty.add(sub.id)
+            self._apply_to(sub, record)
+        if self.listener is not None:
+            self.listener()
+
+    def _apply_created(self, r: SubscriptionCreated) -> None:
+        old = self.subs.get(r.id)
+        if old is not None:
+            self._drop(old)
+        sub = Subscription(
+            id=r.id,
+            incarnation=r.incarnation,
+            type=r.type,
+            pattern=r.pattern,
+            streams=tuple(r.streams),
+            webhook_url=r.webhook_url,
+            wake_stream=r.wake_stream,
+            lease_ttl_ms=r.lease_ttl_ms,
+            description=r.description,
+            created_ms=r.ts_ms,
+            config_hash=r.config_hash,
+            base_url=r.base_url,
+            matcher=compile_glob(r.pattern) if r.pattern is not None else None,
+        )
+        self.subs[r.id] = sub
+        self.next_incarnation = max(self.next_incarnation, r.incarnation + 1)
+        for spec in r.links:
+            self._link(sub, spec)
+        self.dirty.add(r.id)
+
+    def _apply_to(self, sub: Subscription, record: Any) -> None:
+        w = sub.wake
+        if isinstance(record, SubscriptionDeleted):
+            self._drop(sub)
+        elif isinstance(record, StreamsLinked):
+            for spec in record.links:
+                self._link(sub, spec)
+        elif isinstance(record, ExplicitLinkRemoved):
+            link = sub.links.get(record.path)
+            if link is not None:
+                link.explicit = False
+                if not link.glob:
+                    self._unlink(sub, record.path)
+        elif isinstance(record, WakeIssued):
+            sub.generation = max(sub.generation, record.generation)
+            sub.wake = Wake(record.wake_id, record.generation, record.ts_ms, record.stream, dict(record.snapshot))
+        elif isinstance(record, WakeClaimed):
+            if w is not None and w.wake_id == record.wake_id:
+                w.holder = record.worker
+                w.lease_expires_ms = record.lease_expires_ms
+        elif isinstance(record, Acked):
+            for path, offset in record.acks:
+                link = sub.links.get(path)
+                if link is not None:
+                    link.acked = max(link.acked, offset)
+            if w is not None and w.wake_id == record.wake_id:
+                if record.done:
+                    sub.wake = None
+                else:
+                    w.lease_expires_ms = record.lease_expires_ms
+        elif isinstance(record, WakeEnded):
+            if w is not None and w.wake_id == record.wake_id:
+                sub.wake = None
+        elif isinstance(record, GenerationFenced):
+            sub.generation = max(sub.generation, record.generation)
+            sub.wake = None
+        elif isinstance(record, WebhookDelivered):
+            sub.status, sub.attempts, sub.next_attempt_ms, sub.last_error = "active", 0, None, None
+            if w is not None and w.wake_id == record.wake_id:
+                w.delivered = True
+                w.lease_expires_ms = record.lease_expires_ms
+        elif isinstance(record, WebhookFailed):
+            if w is not None and w.wake_id == record.wake_id:
+                sub.status = "failed"
+                sub.attempts = record.attempts
+                sub.next_attempt_ms = record.next_attempt_ms
+                sub.last_error = record.error
+        else:
+            raise TypeError(f"subscriptions cannot apply {type(record).__name__}")
+
+    def _apply_stream_gone(self, r: StreamGone) -> None:
+        for sub_id in list(self.by_path.get(r.path, ())):
+            sub = self.subs[sub_id]
+            link = sub.links[r.path]
+            self.dirty.add(sub_id)
+            if link.explicit:
+                # Explicit membership outlives the stream; a stream created later starts fresh.
+                link.glob = False
+                link.acked = BEFORE_FIRST
+            else:
+                self._unlink(sub, r.path)
+
+    def _link(self, sub: Subscription, spec: LinkSpec) -> None:
+        explicit, glob = spec.link_type == "explicit", spec.link_type == "glob"
+        link = sub.links.get(spec.path)
+        if link is None:
+            sub.links[spec.path] = Link(spec.path, explicit, glob, spec.acked)
+            self.by_path.setdefault(spec.path, set()).add(sub.id)
+        else:
+            link.explicit = link.explicit or explicit
+            link.glob = link.glob or glob
+
+    def _unlink(self, sub: Subscription, path: str) -> None:
+        del sub.links[path]
+        ids = self.by_path.get(path)
+        if ids is not None:
+            ids.discard(sub.id)
+            if not ids:
+                del self.by_path[path]
+
+    def _drop(self, sub: Subscription) -> None:
+        for path in list(sub.links):
+            self._unlink(sub, path)
+        del self.subs[sub.id]
+        self.dirty.add(sub.id)
+
+    # ------------------------------------------------------------- snapshots
+
+    def snapshot(self) -> bytes:
+        subs = []
+        for s in self.subs.values():
+            w = s.wake
+            wake = None
+            if w is not None:
+                wake = _WakeSnap(w.wake_id, w.generation, w.issued_ms, w.stream, list(w.snapshot.items()), w.holder,
+                                 w.lease_expires_ms, w.delivered)
+            subs.append(
+                _SubSnap(
+                    s.id, s.incarnation, s.type, s.pattern, list(s.streams), s.webhook_url, s.wake_stream,
+                    s.lease_ttl_ms, s.description, s.created_ms, s.config_hash, s.base_url,
+                    [_LinkSnap(link.path, link.explicit, link.glob, link.acked) for link in s.links.values()],
+                    s.generation, wake, s.status, s.attempts, s.next_attempt_ms, s.last_error,
+                )
+            )
+        keys = [_KeySnap(k.kid, k.public_key, k.private_key, k.token_secret, k.created_ms) for k in self.keys]
+        return msgspec.msgpack.encode(_StateSnap(SNAPSHOT_VERSION, self.next_incarnation, keys, subs))
+
+    def restore(self, data: bytes) -> None:
+        snap = msgspec.msgpack.decode(data, type=_StateSnap)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ValueError(f"subscriptions snapshot version {snap.version} is not {SNAPSHOT_VERSION}")
+        self.__init__()  # type: ignore[misc]
+        self.next_incarnation = snap.next_incarnation
+        self.keys = [SigningKey(k.kid, k.public_key, k.private_key, k.token_secret, k.created_ms) for k in snap.keys]
+        for n in snap.subscriptions:
+            wake = None
+            if n.wake is not None:
+                x = n.wake
+                wake = Wake(x.wake_id, x.generation, x.issued_ms, x.stream, dict(x.snapshot), x.holder,
+                            x.lease_expires_ms, x.delivered)
+            sub = Subscription(
+                id=n.id, incarnation=n.incarnation, type=n.type, pattern=n.pattern, streams=tuple(n.streams),
+                webhook_url=n.webhook_url, wake_stream=n.wake_stream, lease_ttl_ms=n.lease_ttl_ms,
+                description=n.description, created_ms=n.created_ms, config_hash=n.config_hash, base_url=n.base_url,
+                generation=n.generation, wake=wake, status=n.status, attempts=n.attempts,
+                next_attempt_ms=n.next_attempt_ms, last_error=n.last_error,
+                matcher=compile_glob(n.pattern) if n.pattern is not None else None,
+            )
+            self.subs[sub.id] = sub
+            for ln in n.links:
+                sub.links[ln.path] = Link(ln.path, ln.explicit, ln.glob, ln.acked)
+                self.by_path.setdefault(ln.path, set()).add(sub.id)
+            self.dirty.add(sub.id)
+
+
+def _info(link: Link, tail: int) -> dict[str, Any]:
+    return {
+        "path": link.path,
+        "link_type": link.link_type,
+        "acked_offset": format_acked(link.acked),
+        "tail_offset": format_offset(tail),
+        "has_pending": tail > max(link.acked, 0),
+    }
