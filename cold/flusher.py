@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,12 +97,19 @@ def plan_flush(
         if end <= s.cold_end:
             continue
         c = s.chunks
-        i = bisect_left(c.starts, s.cold_end)
+        i = max(0, bisect_right(c.starts, s.cold_end) - 1)
         chunks = []
         size = 0
         while i < len(c) and c.starts[i] < end and size < budget:
-            chunks.append((c.starts[i], c.lens[i], c.segs[i], c.poss[i], c.times[i]))
-            size += c.lens[i]
+            start, length, pos = c.starts[i], c.lens[i], c.poss[i]
+            if start < s.cold_end < start + length:
+                # Retention released the front of this record: copy only the rest.
+                pos += s.cold_end - start
+                length -= s.cold_end - start
+                start = s.cold_end
+            if start >= s.cold_end:
+                chunks.append((start, length, c.segs[i], pos, c.times[i]))
+                size += length
             i += 1
         if not chunks or chunks[0][0] != s.cold_end:
             continue  # hot copies of the next range are not where they should be; skip
@@ -123,13 +130,18 @@ def plan_flush(
     objects = big
     current: list[PieceToCopy] = []
     current_bytes = 0
+    names: set[tuple[str, str]] = set()
     for p in small:
         size = p.end - p.start
-        if current and current_bytes + size > target_bytes:
+        name = (p.stream.bucket, p.stream.path)
+        # An object names streams by (bucket, path); a soft-deleted source and
+        # the new stream at its path must not share one.
+        if current and (current_bytes + size > target_bytes or name in names):
             objects.append(current)
-            current, current_bytes = [], 0
+            current, current_bytes, names = [], 0, set()
         current.append(p)
         current_bytes += size
+        names.add(name)
     if current:
         objects.append(current)
     return objects
@@ -198,7 +210,8 @@ class ColdFlusher:
                 await asyncio.sleep(backoff)  # the store is failing: kicks must not bypass backoff
             else:
                 try:
-                    await asyncio.wait_for(self._kick.wait(), timeout=self.interval_s)
+                    async with asyncio.timeout(self.interval_s):  # not wait_for: it can swallow a cancel
+                        await self._kick.wait()
                 except TimeoutError:
                     pass
             self._kick.clear()
@@ -241,12 +254,15 @@ class ColdFlusher:
             max_pass_bytes=self.max_pass_bytes,
         )
         committed = 0
+        previous = 0
+        half = self.target_object_bytes // 2
         for n, pieces in enumerate(plans):
             size = sum(p.end - p.start for p in pieces)
-            if n > 0 and n == len(plans) - 1 and size < self.target_object_bytes // 2:
-                break  # a small remainder after full objects waits for the next pass to fill up
+            if n == len(plans) - 1 and previous >= half and size < half:
+                break  # a small remainder after a full object waits for the next pass to fill up
             await self._copy(pieces)
             committed += 1
+            previous = size
         return committed
 
     async def _copy(self, pieces: list[PieceToCopy]) -> None:

@@ -146,7 +146,8 @@ class GcRunner:
             t.bytes_reclaimed += report.bytes_deleted + max(0, hot_before - state.hot_bytes)
             t.objects_deleted += report.objects_deleted + report.orphans_deleted
             t.orphans_found += report.orphans_found
-            t.integrity_errors = len(report.integrity_errors)
+            if reconcile:  # only a reconciliation knows; other passes leave the gauge alone
+                t.integrity_errors = len(report.integrity_errors)
             t.last_pass_ms = report.finished_ms
             self.last_report = report
         return report

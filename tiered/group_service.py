@@ -120,7 +120,8 @@ class GroupCoordinator:
             self._waiters.setdefault(name, []).append(fut)
             try:
                 # Short slices: a shutdown releases parked heartbeats promptly.
-                await asyncio.wait_for(fut, min(remaining, 0.5))
+                async with asyncio.timeout(min(remaining, 0.5)):
+                    await fut
             except TimeoutError:
                 pass
             finally:

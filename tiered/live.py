@@ -70,7 +70,8 @@ class Waiters:
         self._by_uid.setdefault(uid, []).append(fut)
         self.count += 1
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                await fut
             return True
         except TimeoutError:
             return False

@@ -25,7 +25,7 @@ from tiered.hot.log import SegmentLog
 from .config import Config
 from .journal import Journal, JournalFailed
 from .live import Visibility, VisibleView, Waiters
-from .records import Appended, Record, StreamCreated, StreamDeleted, StreamExpired
+from .records import Appended, BucketErased, Record, StreamCreated, StreamDeleted, StreamExpired
 from .snapshot import SnapshotStore
 from .state import (
     AppendRequest,
@@ -196,6 +196,8 @@ class StreamService:
                 if isinstance(record, (StreamDeleted, StreamExpired)):
                     self.visibility.forget(record.uid)
                     self.waiters.notify(record.uid)
+                elif isinstance(record, BucketErased):
+                    self.waiters.notify_all()  # its streams' live readers get their 404 now
             # Subscriptions follow stream events (glob links, wakes): their records join this
             # batch right after the record that caused them (SubscriptionState.on_stream_event).
             follow_ups = self.subscriptions.on_stream_event(record, s, self.state)

@@ -305,9 +305,29 @@ class StreamState:
         s = self.lookup(bucket, path, now_ms)
         if offset > s.tail:
             raise StreamError(400, "the retained offset is beyond the stream's tail")
+        if s.json:  # a JSON stream's offsets must stay on message boundaries
+            offset = self.record_boundary_at_or_before(s, offset)
         if offset <= s.retained_from:
             return []
         return [RetentionAdvanced(ts_ms=now_ms, advances=((s.uid, offset),))]
+
+    def record_boundary_at_or_before(self, s: Stream, offset: int) -> int:
+        """The greatest record boundary <= ``offset``: retention never splits a record
+        (or a JSON message), so what stays is always whole."""
+        if offset >= s.tail:
+            return s.tail
+        best = s.retained_from
+        if s.fork_source is not None and s.fork_offset <= offset:
+            best = max(best, s.fork_offset)
+        for ref in s.cold_refs:
+            for edge in (ref.start, ref.end):
+                if best < edge <= offset:
+                    best = edge
+        c = s.chunks
+        i = bisect_right(c.starts, offset) - 1
+        if i >= 0:
+            best = max(best, c.starts[i])
+        return best
 
     def decide_create(self, bucket: str, path: str, req: CreateRequest, now_ms: int) -> tuple[list[Record], Stream | None]:
         """Records creating the stream, or ``([], existing)`` for an idempotent match."""
@@ -488,8 +508,11 @@ class StreamState:
             self.paths[(s.bucket, s.path)] = s.uid
             self.next_uid = max(self.next_uid, s.uid + 1)
             if s.fork_source is not None:
-                self.streams[s.fork_source].forks += 1
+                source = self.streams[s.fork_source]
+                source.forks += 1
                 self.children.setdefault(s.fork_source, set()).add(s.uid)
+                # What the source no longer retains, its fork never had.
+                s.retained_from = min(source.retained_from, s.fork_offset)
         elif isinstance(record, (StreamDeleted, StreamExpired)):
             self._delete(self.streams[record.uid], record.ts_ms)
         elif isinstance(record, StreamTouched):

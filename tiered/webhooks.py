@@ -190,7 +190,9 @@ class SubscriptionDelivery:
     async def _schedule(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wakeup.wait(), self._timeout())
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel.
+                async with asyncio.timeout(self._timeout()):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass
             self._wakeup.clear()
