@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tiered.globs import glob_match
 from tiered.group_records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
 from tiered.groups import (
     CommitRequest,
@@ -33,7 +34,6 @@ from tiered.groups import (
     GroupsState,
     ReleaseRequest,
     assign,
-    glob_match,
     live_stream,
 )
 from tiered.hot.log import LogPosition

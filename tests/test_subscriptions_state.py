@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tiered.globs import glob_match
 from tiered.ids import DEFAULT_BUCKET, format_offset
 from tiered.records import BucketCreated, decode_record, encode_record
 from tiered.state import AppendRequest, CreateRequest, StreamState
@@ -39,7 +40,6 @@ from tiered.subscriptions import (
     TokenClaims,
     WakeRequest,
     backoff_ms,
-    glob_match,
     iso_ms,
     key_id,
     mint_token,

@@ -44,11 +44,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import msgspec
 
+from .globs import glob_match
 from .group_records import (
     GROUP_RECORD_TYPES,
     GroupCommitted,
@@ -122,45 +122,6 @@ def validate_pattern(pattern: str) -> str:
         except InvalidName as exc:
             raise bad_request(f"invalid pattern: {exc}") from None
     return pattern
-
-
-@lru_cache(maxsize=256)
-def _compile(pattern: str) -> tuple[re.Pattern[str] | None, ...]:
-    """One matcher per segment; ``None`` stands for ``**``."""
-    return tuple(
-        None if seg == "**" else re.compile(".*".join(re.escape(p) for p in seg.split("*")), re.DOTALL)
-        for seg in pattern.split("/")
-    )
-
-
-def glob_match(pattern: str, path: str) -> bool:
-    """``*`` matches within one segment, ``**`` matches zero or more whole segments."""
-    segs = _compile(pattern)
-    n = len(segs)
-
-    def closure(states: set[int]) -> set[int]:
-        out, todo = set(states), list(states)
-        while todo:
-            i = todo.pop()
-            if i < n and segs[i] is None and i + 1 not in out:
-                out.add(i + 1)
-                todo.append(i + 1)
-        return out
-
-    states = closure({0})
-    for part in path.split("/"):
-        nxt: set[int] = set()
-        for i in states:
-            if i < n:
-                matcher = segs[i]
-                if matcher is None:
-                    nxt.add(i)
-                elif matcher.fullmatch(part):
-                    nxt.add(i + 1)
-        states = closure(nxt)
-        if not states:
-            return False
-    return n in states
 
 
 # --------------------------------------------------------------------------- state

@@ -54,6 +54,19 @@ def extension_factories() -> list[Callable[[], StateExtension]]:
     return [GroupsState, SubscriptionState]
 
 
+async def open_store(config: Config) -> ObjectStore:
+    """The object store the configuration names (the cold tier's home)."""
+    return await open_object_store(
+        config.cold_store,
+        local_root=config.data_path / "cold",
+        s3_bucket=config.s3_bucket,
+        s3_prefix=config.s3_prefix,
+        s3_endpoint=config.s3_endpoint,
+        s3_region=config.s3_region,
+        s3_path_style=config.s3_path_style,
+    )
+
+
 def new_state() -> StreamState:
     """An empty state with every extension state machine registered."""
     return StreamState([factory() for factory in extension_factories()])
@@ -102,15 +115,7 @@ class StreamService:
         self.state = await loop.run_in_executor(None, lambda: self.journal.recover(new_state=new_state))
         self.journal.start()
         c = self.config
-        self.store = await open_object_store(
-            c.cold_store,
-            local_root=c.data_path / "cold",
-            s3_bucket=c.s3_bucket,
-            s3_prefix=c.s3_prefix,
-            s3_endpoint=c.s3_endpoint,
-            s3_region=c.s3_region,
-            s3_path_style=c.s3_path_style,
-        )
+        self.store = await open_store(c)
         self.cold_reader = ColdReader(self.store, c.read_cache_bytes)
         self.flusher = ColdFlusher(
             self,

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from .globs import compile_glob
 from .ids import DEFAULT_BUCKET, InvalidName, format_offset, parse_offset, validate_stream_path
 from .records import Appended, Record, StreamCreated, StreamDeleted, StreamExpired
 from .state import Stream, StreamState
@@ -172,23 +173,6 @@ def normalize_pattern(raw: object) -> str:
     if segments[0] == RESERVED_SEGMENT:
         raise _invalid(f"pattern {raw!r} is under the reserved {RESERVED_SEGMENT}/ prefix")
     return pattern
-
-
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """A regex that full-matches ``"/" + path`` for the paths ``pattern`` selects."""
-    rx = []
-    for seg in pattern.split("/"):
-        if seg == "**":
-            rx.append("(?:/[^/]+)*")
-        elif seg == "*":
-            rx.append("/[^/]+")
-        else:
-            rx.append("/" + re.escape(seg))
-    return re.compile("".join(rx), re.DOTALL)
-
-
-def glob_match(pattern: str, path: str) -> bool:
-    return compile_glob(pattern).fullmatch("/" + path) is not None
 
 
 # ---------------------------------------------------------------- webhook URLs

@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from tiered.cold.backends import open_object_store
 from tiered.cold.parquet_chunk import iter_records, rebuild_index
 from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.hot.log import SegmentLog
@@ -23,7 +22,7 @@ from tiered.hot.segment import crc32c
 
 from .config import Config
 from .journal import Journal
-from .service import new_state
+from .service import new_state, open_store
 from .snapshot import SnapshotStore
 from .state import StreamState
 
@@ -136,15 +135,7 @@ class _Progress:
 
 async def run_verify(config: Config) -> int:
     state = await asyncio.to_thread(load_state_read_only, config)
-    store = await open_object_store(
-        config.cold_store,
-        local_root=config.data_path / "cold",
-        s3_bucket=config.s3_bucket,
-        s3_prefix=config.s3_prefix,
-        s3_endpoint=config.s3_endpoint,
-        s3_region=config.s3_region,
-        s3_path_style=config.s3_path_style,
-    )
+    store = await open_store(config)
     try:
         report = await verify_cold(state, store, sys.stderr)
     finally:
