@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tiered.cold.parquet_chunk import (
     CHUNK_SCHEMA,
     FORMAT_KEY,

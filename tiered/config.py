@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ class Config:
     def data_path(self) -> Path:
         return Path(self.data_dir)
 
-    def admin_token(self, env: dict[str, str] | None = None) -> str | None:
+    def admin_token(self, env: Mapping[str, str] | None = None) -> str | None:
         """The admin bearer token: from a file, or ``TIERED_ADMIN_TOKEN`` (never a flag value)."""
         env = os.environ if env is None else env
         if self.admin_token_file:
@@ -131,7 +132,7 @@ def _coerce(field_type: Any, raw: Any, name: str) -> Any:
         raise ConfigError(f"{name}: cannot use {raw!r}") from None
 
 
-def load_config(file: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(file: str | None = None, env: Mapping[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Build a ``Config`` from file, environment and explicit overrides."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
@@ -149,10 +150,10 @@ def load_config(file: str | None = None, env: dict[str, str] | None = None, over
             if key not in known:
                 raise ConfigError(f"{file}: unknown setting {key!r}")
             values[key] = _coerce(known[key].type, raw, key)
-    for name, f in known.items():
+    for name, fld in known.items():
         raw = env.get("TIERED_" + name.upper())
         if raw is not None:
-            values[name] = _coerce(f.type, raw, "TIERED_" + name.upper())
+            values[name] = _coerce(fld.type, raw, "TIERED_" + name.upper())
     for name, raw in (overrides or {}).items():
         if raw is not None:
             values[name] = _coerce(known[name].type, raw, name)

@@ -42,7 +42,7 @@ class PlanTarget(msgspec.Struct, array_like=True, frozen=True):
     fence: int  # revision that activated the holder; rises with every activation
 
 
-class GroupCreated(_GroupRecord, tag="group.create.v1"):
+class GroupCreated(_GroupRecord, frozen=True, tag="group.create.v1"):
     name: str
     incarnation: int  # never reused, even for the same name
     bucket: str
@@ -54,7 +54,7 @@ class GroupCreated(_GroupRecord, tag="group.create.v1"):
     ts_ms: int
 
 
-class GroupPlanned(_GroupRecord, tag="group.plan.v1"):
+class GroupPlanned(_GroupRecord, frozen=True, tag="group.plan.v1"):
     name: str
     incarnation: int
     expected_revision: int
@@ -68,7 +68,7 @@ class GroupPlanned(_GroupRecord, tag="group.plan.v1"):
     dropped_cursors: tuple[int, ...]  # stream uids that no longer exist
 
 
-class GroupCommitted(_GroupRecord, tag="group.commit.v1"):
+class GroupCommitted(_GroupRecord, frozen=True, tag="group.commit.v1"):
     """Cursor commits (stream uid, next offset); a cursor only moves forward."""
 
     name: str
@@ -77,7 +77,7 @@ class GroupCommitted(_GroupRecord, tag="group.commit.v1"):
     cursors: tuple[tuple[int, int], ...]
 
 
-class GroupDeleted(_GroupRecord, tag="group.delete.v1"):
+class GroupDeleted(_GroupRecord, frozen=True, tag="group.delete.v1"):
     """Retire an incarnation: its name is free, its cursors are gone."""
 
     name: str

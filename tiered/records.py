@@ -22,12 +22,12 @@ class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
     pass
 
 
-class BucketCreated(_Record, tag="bucket.create.v1"):
+class BucketCreated(_Record, frozen=True, tag="bucket.create.v1"):
     name: str
     ts_ms: int
 
 
-class StreamCreated(_Record, tag="stream.create.v1"):
+class StreamCreated(_Record, frozen=True, tag="stream.create.v1"):
     uid: int
     bucket: str
     path: str
@@ -43,7 +43,7 @@ class StreamCreated(_Record, tag="stream.create.v1"):
     data: bytes
 
 
-class Appended(_Record, tag="append.v1"):
+class Appended(_Record, frozen=True, tag="append.v1"):
     uid: int
     offset: int  # stream position of data[0]
     ts_ms: int
@@ -55,19 +55,19 @@ class Appended(_Record, tag="append.v1"):
     data: bytes
 
 
-class StreamDeleted(_Record, tag="delete.v1"):
+class StreamDeleted(_Record, frozen=True, tag="delete.v1"):
     uid: int
     ts_ms: int
 
 
-class StreamTouched(_Record, tag="touch.v1"):
+class StreamTouched(_Record, frozen=True, tag="touch.v1"):
     """A read reset a sliding TTL; journaled lazily so restarts keep it."""
 
     uid: int
     ts_ms: int
 
 
-class StreamExpired(_Record, tag="expire.v1"):
+class StreamExpired(_Record, frozen=True, tag="expire.v1"):
     uid: int
     ts_ms: int
 
@@ -80,7 +80,7 @@ class CopyRange(msgspec.Struct, array_like=True, frozen=True):
     end: int
 
 
-class ColdCopyStarted(_Record, tag="cold.copy-start.v1"):
+class ColdCopyStarted(_Record, frozen=True, tag="cold.copy-start.v1"):
     """Intent, journaled before the upload: a crash leaves a known orphan key."""
 
     key: str
@@ -88,7 +88,7 @@ class ColdCopyStarted(_Record, tag="cold.copy-start.v1"):
     ranges: tuple[CopyRange, ...]
 
 
-class ColdCopyCommitted(_Record, tag="cold.copy-finish.v1"):
+class ColdCopyCommitted(_Record, frozen=True, tag="cold.copy-finish.v1"):
     """The object is durably uploaded: its ranges are now served from it."""
 
     key: str
@@ -99,7 +99,7 @@ class ColdCopyCommitted(_Record, tag="cold.copy-finish.v1"):
     ranges: tuple[CopyRange, ...]
 
 
-class ColdCopyAborted(_Record, tag="cold.copy-abort.v1"):
+class ColdCopyAborted(_Record, frozen=True, tag="cold.copy-abort.v1"):
     """The upload will not be committed; the key (if written) is an orphan."""
 
     key: str
@@ -107,21 +107,21 @@ class ColdCopyAborted(_Record, tag="cold.copy-abort.v1"):
     reason: str
 
 
-class HotTrimmed(_Record, tag="hot.trim.v1"):
+class HotTrimmed(_Record, frozen=True, tag="hot.trim.v1"):
     """Hot copies below each offset are no longer needed (they are cold)."""
 
     ts_ms: int
     trims: tuple[tuple[int, int], ...]  # (uid, offset)
 
 
-class BucketErased(_Record, tag="bucket.erase.v1"):
+class BucketErased(_Record, frozen=True, tag="bucket.erase.v1"):
     """Every stream of the bucket is gone and the name is fenced forever."""
 
     name: str
     ts_ms: int
 
 
-class RetentionPolicySet(_Record, tag="retention.policy.v1"):
+class RetentionPolicySet(_Record, frozen=True, tag="retention.policy.v1"):
     """Age/size retention for a bucket (uid None) or one stream; None clears a limit."""
 
     bucket: str
@@ -131,14 +131,14 @@ class RetentionPolicySet(_Record, tag="retention.policy.v1"):
     ts_ms: int
 
 
-class RetentionAdvanced(_Record, tag="retention.advance.v1"):
+class RetentionAdvanced(_Record, frozen=True, tag="retention.advance.v1"):
     """Streams' earliest retained offsets move forward; data below is released."""
 
     ts_ms: int
     advances: tuple[tuple[int, int], ...]  # (uid, new retained offset)
 
 
-class ColdDeleteStarted(_Record, tag="cold.delete-start.v1"):
+class ColdDeleteStarted(_Record, frozen=True, tag="cold.delete-start.v1"):
     """Journaled before the object-store delete (orphans: keys the metadata never knew)."""
 
     keys: tuple[str, ...]
@@ -146,7 +146,7 @@ class ColdDeleteStarted(_Record, tag="cold.delete-start.v1"):
     orphan: bool
 
 
-class ColdDeleteFinished(_Record, tag="cold.delete-finish.v1"):
+class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
     keys: tuple[str, ...]
     ts_ms: int
     orphan: bool

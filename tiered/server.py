@@ -60,7 +60,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
         await site.start()
-        for sock in site._server.sockets if site._server else []:  # type: ignore[union-attr]
+        # aiohttp internal: _server is typed AbstractServer, which does not declare .sockets
+        for sock in site._server.sockets if site._server else []:  # type: ignore[attr-defined]
             host, port = sock.getsockname()[:2]
             print(f"tiered listening on http://{host}:{port} (data dir {config.data_path.resolve()})", flush=True)
         stop = asyncio.Event()

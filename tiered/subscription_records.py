@@ -27,7 +27,7 @@ class LinkSpec(msgspec.Struct, array_like=True, frozen=True):
     acked: int  # last processed offset; -1: nothing processed yet (before the stream's first byte)
 
 
-class SigningKeyAdded(_SubRecord, tag="sub.key.v1"):
+class SigningKeyAdded(_SubRecord, frozen=True, tag="sub.key.v1"):
     """The webhook signing key (Ed25519, raw 32-byte keys) and the callback-token HMAC secret.
 
     Kept in the journal so keys survive restarts with the same durability and
@@ -41,7 +41,7 @@ class SigningKeyAdded(_SubRecord, tag="sub.key.v1"):
     ts_ms: int
 
 
-class SubscriptionCreated(_SubRecord, tag="sub.create.v1"):
+class SubscriptionCreated(_SubRecord, frozen=True, tag="sub.create.v1"):
     id: str
     incarnation: int  # unique per creation: tokens of a deleted namesake never validate
     ts_ms: int
@@ -57,12 +57,12 @@ class SubscriptionCreated(_SubRecord, tag="sub.create.v1"):
     links: tuple[LinkSpec, ...]  # initial links: explicit streams and the glob backfill
 
 
-class SubscriptionDeleted(_SubRecord, tag="sub.delete.v1"):
+class SubscriptionDeleted(_SubRecord, frozen=True, tag="sub.delete.v1"):
     id: str
     ts_ms: int
 
 
-class StreamsLinked(_SubRecord, tag="sub.link.v1"):
+class StreamsLinked(_SubRecord, frozen=True, tag="sub.link.v1"):
     """Links added (explicit, or glob for a newly created stream). Existing links keep their offset."""
 
     id: str
@@ -70,20 +70,20 @@ class StreamsLinked(_SubRecord, tag="sub.link.v1"):
     links: tuple[LinkSpec, ...]
 
 
-class ExplicitLinkRemoved(_SubRecord, tag="sub.unlink.v1"):
+class ExplicitLinkRemoved(_SubRecord, frozen=True, tag="sub.unlink.v1"):
     id: str
     path: str
     ts_ms: int
 
 
-class StreamGone(_SubRecord, tag="sub.stream-gone.v1"):
+class StreamGone(_SubRecord, frozen=True, tag="sub.stream-gone.v1"):
     """A stream was deleted or expired: glob links go, explicit links restart before the first byte."""
 
     path: str
     ts_ms: int
 
 
-class WakeIssued(_SubRecord, tag="sub.wake.v1"):
+class WakeIssued(_SubRecord, frozen=True, tag="sub.wake.v1"):
     """A new wake (generation). It supersedes, and so fences, any wake still recorded."""
 
     id: str
@@ -94,7 +94,7 @@ class WakeIssued(_SubRecord, tag="sub.wake.v1"):
     snapshot: tuple[tuple[str, int], ...]  # (path, tail) of every link when issued
 
 
-class WakeClaimed(_SubRecord, tag="sub.claim.v1"):
+class WakeClaimed(_SubRecord, frozen=True, tag="sub.claim.v1"):
     id: str
     generation: int
     wake_id: str
@@ -103,7 +103,7 @@ class WakeClaimed(_SubRecord, tag="sub.claim.v1"):
     lease_expires_ms: int
 
 
-class Acked(_SubRecord, tag="sub.ack.v1"):
+class Acked(_SubRecord, frozen=True, tag="sub.ack.v1"):
     """A callback or ack: offsets applied; ``done`` ends the wake, else the lease is extended."""
 
     id: str
@@ -115,7 +115,7 @@ class Acked(_SubRecord, tag="sub.ack.v1"):
     lease_expires_ms: int
 
 
-class WakeEnded(_SubRecord, tag="sub.wake-end.v1"):
+class WakeEnded(_SubRecord, frozen=True, tag="sub.wake-end.v1"):
     """A wake ended without being done: ``released`` by its worker or its lease ``expired``."""
 
     id: str
@@ -125,7 +125,7 @@ class WakeEnded(_SubRecord, tag="sub.wake-end.v1"):
     reason: str
 
 
-class GenerationFenced(_SubRecord, tag="sub.fence.v1"):
+class GenerationFenced(_SubRecord, frozen=True, tag="sub.fence.v1"):
     """The generation moves on with no new wake (after a restart): every outstanding token is stale."""
 
     id: str
@@ -134,7 +134,7 @@ class GenerationFenced(_SubRecord, tag="sub.fence.v1"):
     reason: str
 
 
-class WebhookDelivered(_SubRecord, tag="sub.delivered.v1"):
+class WebhookDelivered(_SubRecord, frozen=True, tag="sub.delivered.v1"):
     """The receiver accepted the wake (2xx); its lease runs from here."""
 
     id: str
@@ -144,7 +144,7 @@ class WebhookDelivered(_SubRecord, tag="sub.delivered.v1"):
     lease_expires_ms: int
 
 
-class WebhookFailed(_SubRecord, tag="sub.delivery-failed.v1"):
+class WebhookFailed(_SubRecord, frozen=True, tag="sub.delivery-failed.v1"):
     """A delivery attempt failed; the retry schedule is journaled so restarts honour it."""
 
     id: str
