@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -365,6 +366,11 @@ class StreamService:
         Callers stay within the visible tail. A cold read that the object
         store cannot serve raises a 503 ``StreamError`` rather than hanging.
         """
+        c = s.chunks
+        if c.starts and start >= c.starts[0] and (s.fork_source is None or start >= s.fork_offset):
+            # All hot, all the stream's own: the common catch-up case, no slice objects.
+            i = bisect_right(c.starts, start) - 1
+            return self.journal.log.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
         slices = self.state.plan_read(s, start, end)
         read = self.journal.log.read
         # Hot slices first, with no await in between: a segment the plan names
