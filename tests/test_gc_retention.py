@@ -7,9 +7,10 @@
   ``HEAD`` shows ``Stream-Retained-Offset``.
 * What retention and TTL expiry release is deleted after the grace delay (objects nobody
   needs any more), while what a fork still inherits stays readable.
-* Known bugs (strict xfail): an admin retain to a mid-record offset stalls flushing of the
-  stream for good; on a JSON stream it makes reads return broken JSON; a fork created below
-  its source's retained offset claims bytes that are gone (reads return short).
+* Regressions: an admin retain to a mid-record offset keeps the stream flushing; on a JSON
+  stream it lands on a message boundary; a fork created below its source's retained offset
+  starts at that offset. Known gap (strict xfail): the bytes between a source's retained
+  offset and a fork's needs stay held while the fork lives.
 """
 
 from __future__ import annotations
