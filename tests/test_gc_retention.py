@@ -9,8 +9,8 @@
   needs any more), while what a fork still inherits stays readable.
 * Regressions: an admin retain to a mid-record offset keeps the stream flushing; on a JSON
   stream it lands on a message boundary; a fork created below its source's retained offset
-  starts at that offset. Known gap (strict xfail): the bytes between a source's retained
-  offset and a fork's needs stay held while the fork lives.
+  starts at that offset; cold ranges between a source's retained offset and what its
+  forks inherit are released even while the forks live.
 """
 
 from __future__ import annotations
@@ -260,12 +260,6 @@ def test_released_objects_are_deleted_after_grace_but_inherited_data_stays(tmp_p
     run(tmp_path, body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (space leak): needed_range keeps one interval per stream, the hull of its own needs and its "
-    "forks'; a live source retained past a fork's fork point keeps the unreachable gap between them "
-    "(and the objects holding it) for as long as the fork lives",
-)
 def test_unreachable_gap_between_fork_point_and_source_retention_is_released(tmp_path: Path) -> None:
     async def body(h: HttpHarness, clock: VirtualClock) -> None:
         src, fork = "/v1/stream/src", "/v1/stream/fork"

@@ -581,6 +581,8 @@ class StreamState:
             s.cold_end = r.end
             self.hot_bytes += self._hot_contribution(s) - before
             obj.refs += 1
+            if s.uid in self.children and s.retained_from > 0:
+                self._release(s, record.ts_ms)  # the new range may lie in a gap no reader reaches
         if obj.refs == 0 and obj.released_ms is None:
             obj.released_ms = record.ts_ms
 
@@ -623,6 +625,16 @@ class StreamState:
             return s.tail, s.tail
         return lo, (hi if s.soft_deleted else None)
 
+    def _needed_intervals(self, s: Stream) -> list[tuple[int, int | None]]:
+        """The ranges of ``s``'s offsets some reader reaches (None: open-ended)."""
+        intervals: list[tuple[int, int | None]] = [] if s.soft_deleted else [(s.retained_from, None)]
+        for child_uid in self.children.get(s.uid, ()):
+            child = self.streams[child_uid]
+            child_lo, _ = self.needed_range(child)
+            if child_lo < child.fork_offset:
+                intervals.append((child_lo, child.fork_offset))
+        return intervals
+
     def _release(self, s: Stream, ts_ms: int) -> None:
         """Let go of cold references and hot copies outside what ``s`` still needs."""
         lo, hi = self.needed_range(s)
@@ -631,9 +643,13 @@ class StreamState:
         if hi is not None:
             s.keep_end = hi if s.keep_end is None else min(s.keep_end, hi)
         s.cold_end = max(s.cold_end, s.keep_start)
+        needed = self._needed_intervals(s)
         kept: list[ColdRef] = []
         for ref in s.cold_refs:
-            if ref.end <= s.keep_start or (s.keep_end is not None and ref.start >= s.keep_end):
+            outside = ref.end <= s.keep_start or (s.keep_end is not None and ref.start >= s.keep_end)
+            # Inside the hull but in a gap no reader reaches (between a fork's
+            # inheritance and the source's own retained offset) counts as outside.
+            if outside or not any(ref.start < (b if b is not None else ref.end + 1) and ref.end > a for a, b in needed):
                 self._unref(ref.key, ts_ms)
             else:
                 kept.append(ref)
