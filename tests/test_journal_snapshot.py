@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.state_fingerprint import fingerprint
 from tiered.hot.log import LogPosition, SegmentLog
 from tiered.hot.segment import FRAME_SIZE, MARKER_FRAME_SIZE, frame, marker_frame, segment_name
 from tiered.journal import Journal, JournalFailed, data_location
@@ -31,39 +32,6 @@ B = "default"
 def make_journal(root: Path, **kw: Any) -> Journal:
     segment_bytes = kw.pop("segment_bytes", 1 << 20)
     return Journal(SegmentLog(root / "hot", segment_bytes=segment_bytes), SnapshotStore(root / "snapshots"), **kw)
-
-
-def fingerprint(state: StreamState) -> dict[str, Any]:
-    return {
-        "next_uid": state.next_uid,
-        "buckets": dict(state.buckets),
-        "hot_bytes": state.hot_bytes,
-        "paths": dict(state.paths),
-        "streams": {
-            uid: (
-                s.bucket,
-                s.path,
-                s.content_type,
-                s.ttl_s,
-                s.expires_at,
-                s.expires_at_ms,
-                s.created_ms,
-                s.fork_source,
-                s.fork_offset,
-                s.fork_spec,
-                s.tail,
-                s.closed,
-                s.closed_by,
-                {k: (p.epoch, p.last_seq) for k, p in s.producers.items()},
-                s.stream_seq,
-                (list(s.chunks.starts), list(s.chunks.lens), list(s.chunks.segs), list(s.chunks.poss)),
-                s.forks,
-                s.soft_deleted,
-                s.last_access_ms,
-            )
-            for uid, s in state.streams.items()
-        },
-    }
 
 
 def read_all(journal: Journal, state: StreamState, bucket: str, path: str) -> bytes:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.state_fingerprint import fingerprint
 from tiered.content import DEFAULT_CONTENT_TYPE, media_type
 from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
@@ -166,43 +167,6 @@ class Harness:
         s = self.state.lookup(B, src, now)
         off = s.tail if offset is None else offset
         return ForkRequest(s.uid, off, spec or f"{src}@{off}")
-
-
-def fingerprint(state: StreamState, *, lenient_paths: bool = False) -> dict[str, Any]:
-    """Everything the state means, as plain values (touch_journaled_ms excluded)."""
-    paths = dict(state.paths)
-    if lenient_paths:
-        paths = {k: v for k, v in paths.items() if not state.streams[v].soft_deleted}
-    return {
-        "next_uid": state.next_uid,
-        "buckets": dict(state.buckets),
-        "hot_bytes": state.hot_bytes,
-        "paths": paths,
-        "streams": {
-            uid: (
-                s.bucket,
-                s.path,
-                s.content_type,
-                s.ttl_s,
-                s.expires_at,
-                s.expires_at_ms,
-                s.created_ms,
-                s.fork_source,
-                s.fork_offset,
-                s.fork_spec,
-                s.tail,
-                s.closed,
-                s.closed_by,
-                {k: (p.epoch, p.last_seq) for k, p in s.producers.items()},
-                s.stream_seq,
-                (list(s.chunks.starts), list(s.chunks.lens), list(s.chunks.segs), list(s.chunks.poss)),
-                s.forks,
-                s.soft_deleted,
-                s.last_access_ms,
-            )
-            for uid, s in state.streams.items()
-        },
-    }
 
 
 def status_of(fn: Any, *args: Any) -> int:
@@ -1400,12 +1364,10 @@ def test_model_based_decide_apply_read_replay_snapshot(commands: list[tuple[Any,
     assert fingerprint(replayed) == fingerprint(state)
     r.check_reads(replayed)
 
-    # A snapshot round trip is equivalent. Paths held only by soft-deleted
-    # streams are compared leniently here: see the strict xfail in
-    # test_journal_snapshot.py for the divergence this hides.
+    # A snapshot round trip is equivalent (snapshots record who holds each path).
     restored, pos = decode_snapshot(encode_snapshot(state, LogPosition(7, 1234)))
     assert pos == LogPosition(7, 1234)
-    assert fingerprint(restored, lenient_paths=True) == fingerprint(state, lenient_paths=True)
+    assert fingerprint(restored) == fingerprint(state)
     assert restored.paths.items() >= state.paths.items()
     r.check_reads(restored)
 
@@ -1416,5 +1378,5 @@ def test_model_based_decide_apply_read_replay_snapshot(commands: list[tuple[Any,
         assert mid_pos == LogPosition(1, n)
         for rec, loc in r.h.journal[n:]:
             mid.apply(rec, loc)
-        assert fingerprint(mid, lenient_paths=True) == fingerprint(state, lenient_paths=True)
+        assert fingerprint(mid) == fingerprint(state)
         r.check_reads(mid)
