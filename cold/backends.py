@@ -7,7 +7,7 @@ from pathlib import Path
 from .localdir import LocalDirStore
 from .retry import RetryPolicy
 from .s3 import S3Store
-from .store import ObjectStore
+from .store import ObjectStore, ReadOnlyStore
 
 
 async def open_object_store(
@@ -20,15 +20,18 @@ async def open_object_store(
     s3_region: str = "",
     s3_path_style: bool = False,
     multipart_threshold: int = 64 * 1024 * 1024,
+    read_only: bool = False,
 ) -> ObjectStore:
     """``local``: a directory (the embedded default). ``s3``: AWS or any S3-compatible store.
 
     S3 credentials come only from the standard AWS chain (environment,
     shared profile, instance or task role), never from arguments.
+    ``read_only`` (verify, dry runs) creates nothing and refuses writes.
     """
     if kind == "local":
-        local_root.mkdir(parents=True, exist_ok=True)
-        return LocalDirStore(local_root)
+        if not read_only:
+            local_root.mkdir(parents=True, exist_ok=True)
+        return LocalDirStore(local_root, read_only=read_only)
     if kind == "s3":
         store = S3Store(
             s3_bucket,
@@ -43,5 +46,6 @@ async def open_object_store(
             # Above the target object size: a cold object is one PUT, not five parts.
             multipart_threshold=multipart_threshold,
         )
-        return await store.open()
+        opened = await store.open()
+        return ReadOnlyStore(opened) if read_only else opened
     raise ValueError(f"unknown object store {kind!r}; use 'local' or 's3'")

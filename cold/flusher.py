@@ -22,10 +22,10 @@ import logging
 import os
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from tiered.hot.segment import crc32c
+from tiered.hot.segment import DamagedRecordError, crc32c
 from tiered.records import ColdCopyAborted, ColdCopyCommitted, ColdCopyStarted, CopyRange, HotTrimmed, Record
 from tiered.state import Stream, StreamState
 
@@ -78,12 +78,14 @@ def plan_flush(
     *,
     target_bytes: int,
     max_pass_bytes: int,
+    damaged: Mapping[int, int] | None = None,
 ) -> list[list[PieceToCopy]]:
     """Group not-yet-cold durable data into objects (pure; reads state only).
 
     Streams with at least half a target of data get objects of their own (cut
     at record boundaries); the rest are packed together, so a thousand quiet
-    streams cost one PUT.
+    streams cost one PUT. ``damaged`` maps uids to the offset of a hot record
+    that failed its checksum: nothing from there on is copied.
     """
     big: list[list[PieceToCopy]] = []
     small: list[PieceToCopy] = []
@@ -94,6 +96,9 @@ def plan_flush(
         end = visible_tail(s)
         if s.keep_end is not None:
             end = min(end, s.keep_end)  # past it no reader can reach: never copy it
+        bad = damaged.get(s.uid) if damaged else None
+        if bad is not None and bad >= s.cold_end:
+            end = min(end, bad)  # damage never travels to the cold tier
         if end <= s.cold_end:
             continue
         c = s.chunks
@@ -191,9 +196,13 @@ class ColdFlusher:
         self.hot_retention_ms = int(hot_retention_s * 1000)
         self.max_pass_bytes = max_pass_bytes or 4 * target_object_bytes
         self._kick = asyncio.Event()
+        # uid -> stream offset of a hot record that failed its checksum: the stream
+        # flushes up to it and no further, until retention or deletion lets it go.
+        self.damaged: dict[int, int] = {}
         self.objects_uploaded = 0
         self.bytes_uploaded = 0
         self.puts = 0
+        self.damaged_found = 0
         self.failures = 0
         self.last_error: str | None = None
         self._last_snapshot_request = 0.0
@@ -247,11 +256,13 @@ class ColdFlusher:
     async def flush_once(self) -> int:
         """One bounded pass; returns how many objects were committed."""
         service = self.service
+        self._forget_released_damage()
         plans = plan_flush(
             service.state,
             lambda s: service.view(s).tail,
             target_bytes=self.target_object_bytes,
             max_pass_bytes=self.max_pass_bytes,
+            damaged=self.damaged,
         )
         committed = 0
         previous = 0
@@ -260,19 +271,30 @@ class ColdFlusher:
             size = sum(p.end - p.start for p in pieces)
             if n == len(plans) - 1 and previous >= half and size < half:
                 break  # a small remainder after a full object waits for the next pass to fill up
-            await self._copy(pieces)
-            committed += 1
+            if await self._copy(pieces):
+                committed += 1
             previous = size
         return committed
 
-    async def _copy(self, pieces: list[PieceToCopy]) -> None:
+    def _forget_released_damage(self) -> None:
+        state = self.service.state
+        for uid, offset in list(self.damaged.items()):
+            s = state.streams.get(uid)
+            if s is None or s.cold_end > offset or s.keep_start > offset:
+                del self.damaged[uid]  # the damaged record is no longer needed by any reader
+
+    async def _copy(self, pieces: list[PieceToCopy]) -> bool:
+        """Copy ``pieces`` into one new object; False if damage left nothing to copy."""
         service = self.service
+        # Read (and checksum) the hot bytes first: a damaged record cuts its piece short.
+        records, pieces = await asyncio.to_thread(self._load_records, pieces)
+        if not pieces:
+            return False
         now = int(time.time() * 1000)
         key = new_object_key(now)
         ranges = tuple(CopyRange(p.stream.uid, p.start, p.end) for p in pieces)
         await service.commit_records([ColdCopyStarted(key=key, ts_ms=now, ranges=ranges)])
         try:
-            records = await asyncio.to_thread(self._load_records, pieces)
             data, index = await asyncio.to_thread(encode_chunk, records, row_group_bytes=1 << 20)
             await self.store.put(key, data)
             self.puts += 1
@@ -297,15 +319,35 @@ class ColdFlusher:
         )
         self.objects_uploaded += 1
         self.bytes_uploaded += len(data)
+        return True
 
-    def _load_records(self, pieces: list[PieceToCopy]) -> list[ColdRecord]:
+    def _load_records(self, pieces: list[PieceToCopy]) -> tuple[list[ColdRecord], list[PieceToCopy]]:
+        """The records of ``pieces`` (worker thread), each checked against its checksum.
+
+        A piece stops before a damaged record; the stream is remembered in
+        ``damaged`` so later passes do not try again.
+        """
         read = self.service.journal.log.read
-        out = []
+        out: list[ColdRecord] = []
+        kept: list[PieceToCopy] = []
         for p in pieces:
             s = p.stream
+            loaded: list[ColdRecord] = []
             for start, length, seg, pos, ts in p.chunks:
-                out.append(ColdRecord(s.bucket, s.path, start, start + length, ts, read(seg, pos, length)))
-        return out
+                try:
+                    loaded.append(ColdRecord(s.bucket, s.path, start, start + length, ts, read(seg, pos, length)))
+                except DamagedRecordError as exc:
+                    self.damaged[s.uid] = start
+                    self.damaged_found += 1
+                    log.error(
+                        "integrity: not copying %s/%s from offset %d to the cold tier: %s (the stream keeps "
+                        "its data hot from there; reads of the damaged record fail)", s.bucket, s.path, start, exc,
+                    )
+                    break
+            if loaded:
+                out.extend(loaded)
+                kept.append(PieceToCopy(s, p.start, loaded[-1].end_offset, p.chunks[: len(loaded)]))
+        return out, kept
 
     async def release_hot_copies(self) -> None:
         """Trim hot copies that are cold and past retention; delete unreferenced segments."""

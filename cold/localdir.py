@@ -56,12 +56,14 @@ _PUBLISH_ATTEMPTS = 5
 class LocalDirStore:
     """ObjectStore over a directory tree. Construct with the root directory."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         self._root = Path(root).absolute()
         self._staging = self._root / STAGING_DIR
-        self._staging.mkdir(parents=True, exist_ok=True)
+        self._read_only = read_only
         self._closed = False
-        self._sweep_staging()
+        if not read_only:  # read-only (verify, dry runs) creates and sweeps nothing
+            self._staging.mkdir(parents=True, exist_ok=True)
+            self._sweep_staging()
 
     @property
     def root(self) -> Path:
@@ -77,6 +79,7 @@ class LocalDirStore:
 
     async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
         path = self._path(key)
+        self._check_writable()
         return await asyncio.to_thread(self._put_sync, key, path, bytes(data), if_none_match)
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
@@ -90,11 +93,13 @@ class LocalDirStore:
 
     async def delete(self, key: str) -> None:
         path = self._path(key)
+        self._check_writable()
         await asyncio.to_thread(self._delete_sync, path)
 
     async def delete_many(self, keys: Iterable[str]) -> list[DeleteFailure]:
         # Validate everything first so a bad key deletes nothing.
         paths = [(key, self._path(key)) for key in keys]
+        self._check_writable()
         return await asyncio.to_thread(self._delete_many_sync, paths)
 
     async def close(self) -> None:
@@ -105,6 +110,10 @@ class LocalDirStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ObjectStoreError("LocalDirStore is closed")
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise ObjectStoreError("LocalDirStore was opened read-only")
 
     def _path(self, key: str) -> Path:
         self._check_open()

@@ -38,20 +38,24 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import Protocol
 
+import google_crc32c
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .chunk_index import ChunkIndex, ChunkRange, ColdDataDamaged, RowGroupSpan, StreamIndex
 
 __all__ = [
     "CHUNK_SCHEMA",
     "ByteCache",
     "ChunkIndex",
     "ChunkRange",
+    "ColdDataDamaged",
     "ColdRecord",
     "Fetch",
     "RowGroupSpan",
@@ -100,88 +104,6 @@ class ColdRecord(msgspec.Struct, frozen=True, gc=False):
     end_offset: int
     append_time_ms: int
     payload: bytes
-
-
-class RowGroupSpan(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Byte range ``[offset, offset + length)`` of one row group's column chunks."""
-
-    offset: int
-    length: int
-    num_rows: int
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-class ChunkRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Offsets ``[start_offset, end_offset)`` of one stream stored in one row group.
-
-    The stream's rows are ``row_start .. row_start + num_rows`` of that row group,
-    so a reader can slice them out without comparing bucket/stream strings.
-    """
-
-    start_offset: int
-    end_offset: int
-    row_group: int
-    row_start: int
-    num_rows: int
-
-
-class StreamIndex(msgspec.Struct, frozen=True, array_like=True):
-    """Where one stream's data lives in the object: ranges in offset order."""
-
-    bucket: str
-    stream: str
-    ranges: tuple[ChunkRange, ...]
-
-    @property
-    def start_offset(self) -> int:
-        return self.ranges[0].start_offset
-
-    @property
-    def end_offset(self) -> int:
-        return self.ranges[-1].end_offset
-
-
-class ChunkIndex(msgspec.Struct, frozen=True, array_like=True):
-    """Everything needed to plan ranged GETs against one cold object.
-
-    ``footer_length`` counts the Thrift metadata plus the 8-byte trailer, so the
-    footer is the last ``footer_length`` bytes of the ``file_size``-byte object.
-    ``streams`` is sorted by ``(bucket, stream)``.
-    """
-
-    file_size: int
-    footer_length: int
-    row_groups: tuple[RowGroupSpan, ...]
-    streams: tuple[StreamIndex, ...]
-
-    @property
-    def footer_offset(self) -> int:
-        return self.file_size - self.footer_length
-
-    def find(self, bucket: str, stream: str) -> StreamIndex | None:
-        """Binary-search the entry for ``bucket/stream``; None if absent."""
-        key = (bucket, stream)
-        i = bisect_left(self.streams, key, key=_stream_key)
-        if i < len(self.streams) and _stream_key(self.streams[i]) == key:
-            return self.streams[i]
-        return None
-
-    def for_stream(self, bucket: str, stream: str) -> ChunkIndex:
-        """A self-contained index restricted to one stream (row group numbering kept).
-
-        Lets the service persist per-stream entries instead of the whole index.
-        """
-        entry = self.find(bucket, stream)
-        if entry is None:
-            raise KeyError(f"{bucket}/{stream} is not in this chunk")
-        return ChunkIndex(self.file_size, self.footer_length, self.row_groups, (entry,))
-
-
-def _stream_key(entry: StreamIndex) -> tuple[str, str]:
-    return (entry.bucket, entry.stream)
 
 
 # -------------------------------------------------------------------------- writer
@@ -325,7 +247,7 @@ def _build_index(
     """Combine footer byte ranges with per-row-group ``(bucket, stream, start, end)`` rows."""
     file_size = len(data)
     footer_length = _footer_length(data)
-    spans = tuple(_row_group_span(metadata.row_group(g)) for g in range(metadata.num_row_groups))
+    spans = tuple(_row_group_span(metadata.row_group(g), data) for g in range(metadata.num_row_groups))
     streams: dict[tuple[str, str], list[ChunkRange]] = {}
     seen = 0
     for g, keys in enumerate(group_keys):
@@ -335,7 +257,8 @@ def _build_index(
     if seen != len(spans) or not streams:
         raise ValueError(f"{seen} row groups of rows but the footer lists {len(spans)}")
     entries = tuple(StreamIndex(b, s, tuple(r)) for (b, s), r in streams.items())
-    return ChunkIndex(file_size, footer_length, spans, entries)
+    footer_crc = google_crc32c.value(data[file_size - footer_length :])
+    return ChunkIndex(file_size, footer_length, spans, entries, footer_crc)
 
 
 def _group_segments(
@@ -363,15 +286,16 @@ def _footer_length(data: bytes) -> int:
     return meta_len + _TRAILER
 
 
-def _row_group_span(rg: pq.RowGroupMetaData) -> RowGroupSpan:
-    """Byte range covering all column chunks (dictionary page included) of a row group."""
+def _row_group_span(rg: pq.RowGroupMetaData, data: bytes) -> RowGroupSpan:
+    """Byte range covering all column chunks (dictionary page included) of a row group, with its digest."""
     starts, ends = [], []
     for c in range(rg.num_columns):
         col = rg.column(c)
         first = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
         starts.append(first)
         ends.append(first + col.total_compressed_size)
-    return RowGroupSpan(min(starts), max(ends) - min(starts), rg.num_rows)
+    lo, hi = min(starts), max(ends)
+    return RowGroupSpan(lo, hi - lo, rg.num_rows, google_crc32c.value(data[lo:hi]))
 
 
 def rebuild_index(data: bytes) -> ChunkIndex:
@@ -485,12 +409,17 @@ async def _read_segments(
     if not ranges or start == end:
         return []
     footer, regions = await _load(fetch, index, [r.row_group for r in ranges], cache, object_key)
-    pf = pq.ParquetFile(
-        pa.PythonFile(_SparseFile(index.file_size, regions), mode="r"),
-        metadata=pq.read_metadata(pa.BufferReader(footer)),
-        pre_buffer=False,
-    )
-    return [(r, _segment_table(pf, r)) for r in ranges]
+    try:
+        pf = pq.ParquetFile(
+            pa.PythonFile(_SparseFile(index.file_size, regions), mode="r"),
+            metadata=pq.read_metadata(pa.BufferReader(footer)),
+            pre_buffer=False,
+            page_checksum_verification=True,
+        )
+        return [(r, _segment_table(pf, r)) for r in ranges]
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        # Whatever fails to decode is damage (or an index that lies): never served, never a 500.
+        raise ColdDataDamaged(object_key, f"does not decode: {type(exc).__name__}: {exc}") from None
 
 
 def _segment_table(pf: pq.ParquetFile, rng: ChunkRange) -> pa.Table:
@@ -503,6 +432,11 @@ def _segment_table(pf: pq.ParquetFile, rng: ChunkRange) -> pa.Table:
         or table.column("end_offset")[-1].as_py() != rng.end_offset
     ):
         raise ValueError(f"chunk index does not match object at row group {rng.row_group}")
+    # Served bytes are sliced by position, so the payloads must add up to the offsets exactly.
+    payload_bytes = sum(int(offsets[-1] - offsets[0]) for _, offsets, _ in _payload_chunks(rng, table))
+    if payload_bytes != rng.end_offset - rng.start_offset:
+        raise ValueError(f"payloads of row group {rng.row_group} hold {payload_bytes} bytes for their offsets' "
+                         f"{rng.end_offset - rng.start_offset}")
     return table
 
 
@@ -531,13 +465,15 @@ async def _load(
     requests = [(index.row_groups[a].offset, index.row_groups[b].end) for a, b in runs]
     if cached_footer is None:
         requests.append((index.footer_offset, index.file_size))
-    results = await asyncio.gather(*(_fetch_exact(fetch, lo, hi) for lo, hi in requests))
+    results = await asyncio.gather(*(_fetch_exact(fetch, lo, hi, object_key) for lo, hi in requests))
 
     footer: bytes | memoryview
     if cached_footer is None:
         footer = results.pop()
+        if index.footer_crc32c is not None and google_crc32c.value(bytes(footer)) != index.footer_crc32c:
+            raise ColdDataDamaged(object_key, "footer checksum mismatch")
         if bytes(footer[-4:]) != _MAGIC:
-            raise ValueError("fetched footer does not end with the Parquet magic")
+            raise ColdDataDamaged(object_key, "fetched footer does not end with the Parquet magic")
         if cache is not None:
             cache.put((object_key, "footer"), bytes(footer))
     else:
@@ -545,10 +481,13 @@ async def _load(
     for (a, b), buf in zip(runs, results, strict=True):
         base = index.row_groups[a].offset
         regions.append((base, buf))
-        if cache is not None:
-            for g in range(a, b + 1):
-                span = index.row_groups[g]
-                cache.put((object_key, "rg", g), bytes(buf[span.offset - base : span.end - base]))
+        for g in range(a, b + 1):
+            span = index.row_groups[g]
+            piece = bytes(buf[span.offset - base : span.end - base])
+            if span.crc32c is not None and google_crc32c.value(piece) != span.crc32c:
+                raise ColdDataDamaged(object_key, f"row group {g} checksum mismatch")
+            if cache is not None:  # only checked bytes are cached
+                cache.put((object_key, "rg", g), piece)
     regions.append((index.footer_offset, memoryview(footer)))
     return footer, regions
 
@@ -564,10 +503,11 @@ def _adjacent_runs(spans: Sequence[RowGroupSpan], groups: list[int]) -> list[tup
     return runs
 
 
-async def _fetch_exact(fetch: Fetch, start: int, end: int) -> memoryview:
+async def _fetch_exact(fetch: Fetch, start: int, end: int, object_key: Hashable | None) -> memoryview:
     data = memoryview(await fetch(start, end))
     if len(data) != end - start:
-        raise OSError(f"ranged GET [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
+        # The object is shorter than it was written (transport truncation is the store's to retry).
+        raise ColdDataDamaged(object_key, f"ranged GET [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
     return data
 
 

@@ -7,7 +7,8 @@ GETs, never a LIST or a whole-object download.
 
 from __future__ import annotations
 
-from .parquet_chunk import ChunkIndex, read_stream_bytes
+from .chunk_index import ChunkIndex, ColdDataDamaged
+from .parquet_chunk import read_stream_bytes
 from .read_cache import ByteLRU
 from .store import ObjectStore
 
@@ -25,7 +26,7 @@ class ColdReader:
 
         data = await read_stream_bytes(fetch, index, bucket, stream, start, end, cache=self.cache, object_key=key)
         if len(data) != end - start:
-            raise ValueError(
-                f"cold object {key} returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})"
+            raise ColdDataDamaged(key,
+                f"returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})"
             )
         return data

@@ -25,6 +25,7 @@ __all__ = [
     "ObjectStore",
     "ObjectStoreError",
     "ObjectStoreUnavailable",
+    "ReadOnlyStore",
     "MAX_KEY_BYTES",
     "check_range",
     "validate_key",
@@ -192,3 +193,31 @@ class ObjectStore(Protocol):
         in ascending key order (UTF-8 byte order, as S3 does), fetching
         lazily page by page."""
         ...
+
+
+class ReadOnlyStore:
+    """An ObjectStore that refuses every write: what read-only commands (verify, dry runs) open."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self._inner = inner
+
+    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+        raise ObjectStoreError(f"refusing to write {key!r}: the store was opened read-only")
+
+    async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        return await self._inner.get(key, start=start, end=end)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._inner.head(key)
+
+    async def delete(self, key: str) -> None:
+        raise ObjectStoreError(f"refusing to delete {key!r}: the store was opened read-only")
+
+    async def delete_many(self, keys: Iterable[str]) -> list[DeleteFailure]:
+        raise ObjectStoreError("refusing to delete: the store was opened read-only")
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        return self._inner.list(prefix)

@@ -22,7 +22,10 @@ from .segment import (
     MAGIC,
     MARKER_FRAME_SIZE,
     CorruptSegmentError,
+    Damage,
+    DamagedRecordError,
     ScanResult,
+    check_frames,
     frame,
     fsync_dir,
     later_batch_marker,
@@ -41,6 +44,24 @@ class LogPosition:
 
     segment: int
     offset: int
+
+
+class SegmentUnchecked(Exception):
+    """A read needs a segment whose checksums were not checked yet (see ``SegmentLog.check_segment``)."""
+
+    def __init__(self, segment: int) -> None:
+        super().__init__(f"segment {segment} is not checked yet")
+        self.segment = segment
+
+
+@dataclass(frozen=True, slots=True)
+class CutTail:
+    """Bytes recovery cut off the end of the newest segment as the remains of an interrupted write."""
+
+    segment: int
+    position: int
+    data: bytes
+    reason: str
 
 
 @dataclass(slots=True)
@@ -91,6 +112,13 @@ class SegmentLog:
         self._read_lock = threading.Lock()
         self._maps: dict[int, mmap.mmap] = {}
         self._opened = False
+        # Checksums are checked once per record and remembered: each segment is
+        # verified up to ``_checked_to`` (recovery's scan, this process's own
+        # writes, or a lazy check on first read), with damaged frames listed.
+        self._checked_to: dict[int, int] = {}
+        self._damage: dict[int, list[Damage]] = {}
+        self._check_lock = threading.Lock()
+        self.cut_tails: list[CutTail] = []
 
     # ---------------------------------------------------------------- recovery
 
@@ -109,8 +137,9 @@ class SegmentLog:
         ``replay_from``. Must be fully consumed before appending.
         ``read_only`` (for inspection tools) leaves a torn tail in place.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        ids = self.segment_ids()
+        if not read_only:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        ids = self.segment_ids() if self.directory.is_dir() else []
         start = replay_from or LogPosition(0, 0)
         if ids and start.segment > ids[-1]:
             raise CorruptSegmentError(
@@ -122,9 +151,10 @@ class SegmentLog:
             if sid < start.segment:
                 if last:
                     raise CorruptSegmentError(f"segment {sid} predates the snapshot position {start}")
-                continue
+                continue  # checked lazily, on first read
             from_pos = start.offset if sid == start.segment else HEADER_SIZE
-            result = scan_segment(str(path))
+            # Frames before the snapshot position are checked too; damage there only fails reads of it.
+            result = scan_segment(str(path), from_pos)
             if sid == start.segment and result.valid_end < start.offset:
                 raise CorruptSegmentError(
                     f"{path}: verified records end at {result.valid_end}, before the snapshot position "
@@ -138,8 +168,16 @@ class SegmentLog:
                         f"{path}: {result.torn_reason}, with data written after it: corruption inside "
                         "acknowledged history, refusing to start"
                     )
+                if result.valid_end < result.file_size:
+                    with open(path, "rb") as f:
+                        f.seek(result.valid_end)
+                        cut = f.read()
+                    self.cut_tails.append(CutTail(sid, result.valid_end, cut, result.torn_reason))
                 if not read_only:
                     self._truncate(path, result.valid_end)
+            self._checked_to[sid] = result.valid_end
+            if result.damage:
+                self._damage[sid] = list(result.damage)
             for rec in result.records:
                 if rec.body_pos >= from_pos:
                     yield LogPosition(sid, rec.body_pos), rec.body
@@ -244,7 +282,11 @@ class SegmentLog:
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-            self._written[seg] = self._written.get(seg, 0) + len(data)
+            before = self._written.get(seg, 0)
+            self._written[seg] = before + len(data)
+            if self._checked_to.get(seg, 0) >= before:
+                # Framed from memory with checksums of these very bytes: checked as written.
+                self._checked_to[seg] = before + len(data)
         if sync and self._write_fd is not None:
             os.fdatasync(self._write_fd)
 
@@ -270,8 +312,15 @@ class SegmentLog:
 
     # ------------------------------------------------------------- read side
 
-    def read(self, seg: int, pos: int, length: int) -> bytes:
-        """Read bytes that are already written (callers only read visible data)."""
+    def read(self, seg: int, pos: int, length: int, *, inline_check: bool = True) -> bytes:
+        """Read bytes that are already written (callers only read visible data).
+
+        The record's checksum is checked first (once per record, remembered);
+        damage raises ``DamagedRecordError``. ``inline_check=False`` raises
+        ``SegmentUnchecked`` instead of checking a segment here, so an event
+        loop can run ``check_segment`` on a worker thread.
+        """
+        self._verify(seg, pos, pos + length, inline_check)
         fd = self._read_fds.get(seg)
         if fd is None:
             with self._read_lock:
@@ -283,6 +332,42 @@ class SegmentLog:
         if len(data) != length:
             raise CorruptSegmentError(f"short read in segment {seg} at {pos}: {len(data)} of {length}")
         return data
+
+    # ---------------------------------------------------------- checksums
+
+    def _verify(self, seg: int, pos: int, end: int, inline_check: bool) -> None:
+        if end > self._checked_to.get(seg, 0):
+            if not inline_check:
+                raise SegmentUnchecked(seg)
+            self.check_segment(seg)
+        damage = self._damage.get(seg)
+        if damage:
+            for d in damage:
+                if d.start < end and pos < d.end:
+                    raise DamagedRecordError(seg, d.start, d.reason)
+
+    def check_segment(self, seg: int) -> list[Damage]:
+        """Check every frame of ``seg`` not checked yet; returns its damage (blocking, thread-safe)."""
+        with self._check_lock:
+            start = max(self._checked_to.get(seg, 0), HEADER_SIZE)
+            path = self.directory / segment_name(seg)
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                limit = self._written.get(seg, size) if seg == self._seg else size
+                if start < limit:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                        if mm[:HEADER_SIZE] != MAGIC:
+                            damage = [Damage(0, limit, "bad segment magic")]
+                        else:
+                            _, damage = check_frames(mm, start, limit)
+                    if damage:
+                        self._damage.setdefault(seg, []).extend(damage)
+                    self._checked_to[seg] = limit
+            return list(self._damage.get(seg, ()))
+
+    def damage(self) -> dict[int, list[Damage]]:
+        """Damaged frames found so far, by segment."""
+        return {seg: list(d) for seg, d in self._damage.items() if d}
 
     def _mapped(self, seg: int, need: int) -> mmap.mmap:
         """A read-only map of ``seg`` covering at least ``need`` bytes (event-loop thread only)."""
@@ -306,11 +391,12 @@ class SegmentLog:
         """Stream bytes ``[start, end)`` from consecutive index entries ``i, i+1, ...``.
 
         The catch-up hot path: one slice of a memory map per record instead of
-        a syscall and an object per record. Event-loop thread only.
+        a syscall and an object per record. Event-loop thread only: a segment
+        not checked yet raises ``SegmentUnchecked``, damage ``DamagedRecordError``.
         """
         parts: list[bytes] = []
         n = len(starts)
-        cur_seg, mm, mapped = -1, None, 0
+        cur_seg, mm, mapped, checked, damaged = -1, None, 0, 0, False
         while i < n:
             cs = starts[i]
             if cs >= end:
@@ -319,6 +405,10 @@ class SegmentLog:
             if seg != cur_seg or pos + cl > mapped:
                 mm = self._mapped(seg, pos + cl)
                 cur_seg, mapped = seg, len(mm)
+                checked, damaged = self._checked_to.get(seg, 0), bool(self._damage.get(seg))
+            if pos + cl > checked or damaged:
+                self._verify(seg, pos, pos + cl, False)
+                checked = self._checked_to.get(seg, 0)
             lo = start - cs if start > cs else 0
             hi = end - cs if end < cs + cl else cl
             parts.append(mm[pos + lo : pos + hi])  # type: ignore[index]
@@ -343,6 +433,9 @@ class SegmentLog:
         except FileNotFoundError:
             pass
         self._written.pop(seg, None)
+        with self._check_lock:
+            self._checked_to.pop(seg, None)
+            self._damage.pop(seg, None)
 
     def close(self) -> None:
         if self._write_fd is not None:

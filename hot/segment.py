@@ -18,9 +18,10 @@ and must stop recovery rather than silently shorten the log.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import google_crc32c
 
@@ -35,6 +36,30 @@ MAX_BODY = 256 * 1024 * 1024
 
 class CorruptSegmentError(Exception):
     """Acknowledged history failed to verify; the operator must intervene."""
+
+
+class DamagedRecordError(Exception):
+    """Acknowledged bytes failed their checksum when read: they are never served or copied.
+
+    Raised by reads of records inside a damaged frame; the rest of the log stays
+    readable. Damage inside history that replay needs is a ``CorruptSegmentError``
+    instead (the state cannot be rebuilt without it).
+    """
+
+    def __init__(self, segment: int, position: int, reason: str) -> None:
+        super().__init__(f"segment {segment_name(segment)} at byte {position}: {reason}")
+        self.segment = segment
+        self.position = position
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Bytes ``[start, end)`` of a segment that hold no verifiable frame."""
+
+    start: int
+    end: int
+    reason: str
 
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
@@ -76,6 +101,7 @@ class ScanResult:
     torn_reason: str | None  # why scanning stopped early, if it did
     batch_start: int | None = None  # where the last verified batch marker begins
     batch_end: int | None = None  # where that batch was meant to end
+    damage: list[Damage] = field(default_factory=list)  # damaged frames before ``start`` (tolerated)
 
     def torn_within_last_batch(self) -> bool:
         """Is everything after ``valid_end`` part of the last write, with nothing after it?"""
@@ -101,7 +127,11 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
     """Read and verify every record from ``start`` to the end of the file.
 
     Stops at the first record that does not verify and reports why; the
-    caller decides whether that is a torn tail or corruption.
+    caller decides whether that is a torn tail or corruption. Frames before
+    ``start`` (history a snapshot already covers) are checked too, but damage
+    there is only reported in ``damage``: reads of those records fail, the
+    log still opens. If the file ends before ``start``, ``valid_end`` says
+    where it stopped.
     """
     with open(path, "rb") as f:
         data = f.read()
@@ -111,10 +141,17 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
             # A segment whose header write itself was interrupted.
             return ScanResult([], 0, size, "incomplete segment header")
         raise CorruptSegmentError(f"{path}: not a tiered segment (bad magic)")
+    start = max(start, HEADER_SIZE)
+    damage: list[Damage] = []
+    if start > HEADER_SIZE:
+        if size < start:
+            reached, _ = check_frames(data, HEADER_SIZE, size)
+            return ScanResult([], min(reached, size), size, f"the segment ends at {size}, before byte {start}")
+        _, damage = check_frames(data, HEADER_SIZE, start)
     records: list[ScannedRecord] = []
     batch_start: int | None = None
     batch_end: int | None = None
-    pos = max(start, HEADER_SIZE)
+    pos = start
     view = memoryview(data)
     torn: str | None = None
     while pos < size:
@@ -142,7 +179,59 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
         else:
             records.append(ScannedRecord(body_pos, body))
         pos = body_pos + length
-    return ScanResult(records, pos, size, torn, batch_start, batch_end)
+    return ScanResult(records, pos, size, torn, batch_start, batch_end, damage)
+
+
+def _frame_ok(data: bytes | mmap.mmap, pos: int, stop: int) -> bool:
+    """Does a whole frame that verifies start at ``pos`` (and end by ``stop``)?"""
+    if stop - pos < FRAME_SIZE:
+        return False
+    length, crc = FRAME.unpack_from(data, pos)
+    end = pos + FRAME_SIZE + length
+    return 0 < length <= MAX_BODY and end <= stop and google_crc32c.value(data[pos + FRAME_SIZE : end]) == crc
+
+
+def _next_marker(data: bytes | mmap.mmap, after: int, stop: int) -> int | None:
+    """Position of the next verifiable batch marker in ``[after, stop)``: a frame boundary to resync at."""
+    needle = FRAME.pack(MARKER.size, 0)[:4]  # the length field of a marker frame
+    pos = data.find(needle, after, stop)
+    while pos >= 0:
+        if pos + MARKER_FRAME_SIZE <= stop and data[pos + FRAME_SIZE] == MARKER_TAG and _frame_ok(data, pos, stop):
+            return pos
+        pos = data.find(needle, pos + 1, stop)
+    return None
+
+
+def check_frames(data: bytes | mmap.mmap, start: int, stop: int) -> tuple[int, list[Damage]]:
+    """Verify every frame in ``data[start:stop)`` (``start`` is a frame boundary).
+
+    Returns where checking ended (``stop``) and the damaged stretches. A frame
+    whose checksum fails is damage; when its length field cannot be trusted
+    (implausible, or no verifiable frame follows it), checking resumes at the
+    next verifiable batch marker, since every write batch starts with one.
+    """
+    damage: list[Damage] = []
+    pos = start
+    while pos < stop:
+        if stop - pos < FRAME_SIZE:
+            damage.append(Damage(pos, stop, "incomplete frame"))
+            break
+        length, crc = FRAME.unpack_from(data, pos)
+        end = pos + FRAME_SIZE + length
+        if 0 < length <= MAX_BODY and end <= stop:
+            if google_crc32c.value(data[pos + FRAME_SIZE : end]) == crc:
+                pos = end
+                continue
+            if end == stop or _frame_ok(data, end, stop):
+                damage.append(Damage(pos, end, "checksum mismatch"))
+                pos = end
+                continue
+        resume = _next_marker(data, pos + 1, stop)
+        damage.append(Damage(pos, stop if resume is None else resume, "unreadable frame"))
+        if resume is None:
+            break
+        pos = resume
+    return stop, damage
 
 
 def later_batch_marker(path: str, after: int) -> int | None:
@@ -153,17 +242,7 @@ def later_batch_marker(path: str, after: int) -> int | None:
     """
     with open(path, "rb") as f:
         data = f.read()
-    needle = FRAME.pack(MARKER.size, 0)[:4]  # the length field of a marker frame
-    pos = data.find(needle, after)
-    while pos >= 0:
-        end = pos + MARKER_FRAME_SIZE
-        if end <= len(data):
-            _length, crc = FRAME.unpack_from(data, pos)
-            body = data[pos + FRAME_SIZE : end]
-            if body[0] == MARKER_TAG and google_crc32c.value(body) == crc:
-                return pos
-        pos = data.find(needle, pos + 1)
-    return None
+    return _next_marker(data, after, len(data))
 
 
 def fsync_dir(path: str) -> None:

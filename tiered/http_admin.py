@@ -168,6 +168,11 @@ class AdminApi:
             f"tiered_cold_objects {len(state.cold_objects)}",
             "# TYPE tiered_cold_bytes gauge",
             f"tiered_cold_bytes {sum(o.size for o in state.cold_objects.values())}",
+            "# HELP tiered_integrity_errors_total Reads and copies refused because stored bytes failed their checksum",
+            "# TYPE tiered_integrity_errors_total counter",
+            *(f'tiered_integrity_errors_total{{tier="{tier}"}} {n}' for tier, n in service.integrity_errors.items()),
+            "# TYPE tiered_hot_damaged_frames gauge",
+            f"tiered_hot_damaged_frames {sum(len(d) for d in service.journal.log.damage().values())}",
         ]
         flusher = service.flusher
         if flusher is not None:
@@ -178,6 +183,9 @@ class AdminApi:
                 f"tiered_cold_bytes_uploaded_total {flusher.bytes_uploaded}",
                 "# TYPE tiered_cold_flush_failures_total counter",
                 f"tiered_cold_flush_failures_total {flusher.failures}",
+                "# HELP tiered_cold_flush_damaged_streams Streams the flusher stopped copying at a damaged hot record",
+                "# TYPE tiered_cold_flush_damaged_streams gauge",
+                f"tiered_cold_flush_damaged_streams {len(flusher.damaged)}",
             ]
         gc = service.gc
         if gc is not None:

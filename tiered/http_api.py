@@ -97,8 +97,8 @@ SECURITY_HEADERS = {
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = msgspec.json.encode({"error": message})
+def error_response(status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None) -> web.Response:
+    body = msgspec.json.encode({"error": message} if code is None else {"error": message, "code": code})
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
@@ -182,7 +182,7 @@ class StreamsApi:
         except StreamError as exc:
             if request.method == "HEAD":
                 return web.Response(status=exc.status, headers=exc.headers)
-            return error_response(exc.status, exc.message, exc.headers)
+            return error_response(exc.status, exc.message, exc.headers, exc.code)
         except (BadRequest, InvalidName, InvalidJson) as exc:
             return error_response(400, str(exc))
         except TooManyWaiters:
@@ -516,18 +516,27 @@ class StreamsApi:
         }
         if binary:
             headers["Stream-Sse-Data-Encoding"] = "base64"
-        resp = web.StreamResponse(status=200, headers=headers)
-        await resp.prepare(request)
         client_cursor = request.query.get("cursor")
         deadline = time.monotonic() + self.config.sse_max_connection_s
         sent_control = False
+        v = self.service.view(s)
+        first: tuple[bytes, int, bool, bool] | None = None
+        if offset < v.tail:
+            # Read before the 200 goes out: damage or an outage here is an ordinary error answer.
+            first = await self._read_chunk(s, offset, whole_chars=not binary)
+        resp = web.StreamResponse(status=200, headers=headers)
+        await resp.prepare(request)
         try:
             while True:
                 if self.service.closing or self.service.state.streams.get(s.uid) is not s or s.soft_deleted:
                     break
                 v = self.service.view(s)
                 if offset < v.tail:
-                    data, offset, up_to_date, closed = await self._read_chunk(s, offset, whole_chars=not binary)
+                    if first is not None:
+                        data, offset, up_to_date, closed = first
+                        first = None
+                    else:
+                        data, offset, up_to_date, closed = await self._read_chunk(s, offset, whole_chars=not binary)
                     cursor = next_cursor(time.time(), client_cursor)
                     # One write per data+control pair: a reader never sees data
                     # without the control event that positions it.
@@ -554,6 +563,12 @@ class StreamsApi:
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError):
             pass  # the reader went away: nothing to clean up
+        except StreamError as exc:
+            # The 200 is out: cut the connection without a clean end, so the client
+            # sees a failed read (and its retry gets the error answer) rather than a recycle.
+            log.warning("SSE read of %s/%s ended by an error: %s", s.bucket, s.path, exc.message)
+            if request.transport is not None:
+                request.transport.abort()
         return resp
 
     # --------------------------------------------------------------- buckets

@@ -21,7 +21,10 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
+
 from tiered.hot.log import LogPosition, SegmentLog
+from tiered.hot.segment import FRAME, FRAME_SIZE, is_marker
 
 from .records import Appended, Record, StreamCreated, decode_record, encode_record
 from .snapshot import SnapshotStore, encode_snapshot
@@ -39,6 +42,38 @@ def data_location(record: Record, body_pos: LogPosition, body_len: int) -> tuple
     if isinstance(record, (Appended, StreamCreated)) and record.data:
         return body_pos.segment, body_pos.offset + body_len - len(record.data)
     return None
+
+
+def describe_cut(data: bytes) -> str:
+    """What a cut tail held, as far as its frames can be read (for the operator's log).
+
+    A torn write usually leaves an incomplete frame; a whole frame whose
+    checksum fails may be an acknowledged record with a flipped byte, so its
+    stream, offset and length are named when the body still decodes.
+    """
+    described = []
+    pos = 0
+    while pos + FRAME_SIZE <= len(data):
+        length, _crc = FRAME.unpack_from(data, pos)
+        body = data[pos + FRAME_SIZE : pos + FRAME_SIZE + length]
+        if length == 0 or len(body) < length:
+            described.append(f"an incomplete frame of {len(data) - pos} bytes")
+            break
+        if not is_marker(body):
+            try:
+                record = decode_record(body)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                described.append(f"an undecodable {length}-byte record")
+            else:
+                fields = [type(record).__name__]
+                for name in ("uid", "offset"):
+                    if hasattr(record, name):
+                        fields.append(f"{name}={getattr(record, name)}")
+                if getattr(record, "data", None):
+                    fields.append(f"{len(record.data)} data bytes")  # type: ignore[union-attr]
+                described.append("a whole record with a bad checksum: " + " ".join(fields))
+        pos += FRAME_SIZE + length
+    return ("; held " + ", ".join(described)) if described else ""
 
 
 class Journal:
@@ -85,6 +120,16 @@ class Journal:
             state.apply(record, data_location(record, body_pos, len(body)))
             count += 1
             self.bytes_since_snapshot += len(body)
+        for cut in self.log.cut_tails:
+            log.warning(
+                "recovery %s the tail of segment %d at byte %d: %d bytes (%s)%s",
+                "found (read-only, left in place)" if read_only else "cut",
+                cut.segment, cut.position, len(cut.data), cut.reason, describe_cut(cut.data),
+            )
+        for seg, damage in self.log.damage().items():
+            for d in damage:
+                log.error("integrity: segment %d bytes [%d, %d) are damaged (%s); reads of them will fail",
+                          seg, d.start, d.end, d.reason)
         log.info("journal recovered: snapshot at %s, %d records replayed", start, count)
         return state
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tiered.cold.parquet_chunk import ChunkIndex
+from tiered.cold.chunk_index import ChunkIndex
 
 from .group_records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
 from .subscription_records import SubscriptionRecord

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered.cold.backends import open_object_store
+from tiered.cold.chunk_index import ColdDataDamaged
 from tiered.cold.flusher import ColdFlusher
 from tiered.cold.reader import ColdReader
-from tiered.cold.store import ObjectStore, ObjectStoreError
+from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.gc.runner import GcRunner
-from tiered.hot.log import SegmentLog
+from tiered.hot.log import SegmentLog, SegmentUnchecked
+from tiered.hot.segment import DamagedRecordError
 
 from .config import Config
 from .journal import Journal, JournalFailed
@@ -48,6 +50,14 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+DATA_DAMAGED = "DATA_DAMAGED"
+
+
+def integrity_error(message: str) -> StreamError:
+    """Stored bytes failed their checksum: a 502 that says so (an outage is a 503 with Retry-After)."""
+    return StreamError(502, message, code=DATA_DAMAGED)
+
+
 def extension_factories() -> list[Callable[[], StateExtension]]:
     """Factories of the state machines that share the journal with streams."""
     from .groups import GroupsState
@@ -55,10 +65,11 @@ def extension_factories() -> list[Callable[[], StateExtension]]:
     return [GroupsState, SubscriptionState]
 
 
-async def open_store(config: Config) -> ObjectStore:
+async def open_store(config: Config, *, read_only: bool = False) -> ObjectStore:
     """The object store the configuration names (the cold tier's home)."""
     return await open_object_store(
         config.cold_store,
+        read_only=read_only,
         local_root=config.data_path / "cold",
         s3_bucket=config.s3_bucket,
         s3_prefix=config.s3_prefix,
@@ -108,6 +119,7 @@ class StreamService:
         self.gc: GcRunner | None = None
         self._gc_task: asyncio.Task[None] | None = None
         self.deliveries: SubscriptionDelivery | None = None  # subscription wakes (tiered.webhooks)
+        self.integrity_errors = {"hot": 0, "cold": 0}  # reads and copies refused for damage
 
     # ------------------------------------------------------------- lifecycle
 
@@ -364,19 +376,36 @@ class StreamService:
         """Bytes ``[start, end)`` of a stream, stitched from cold objects and hot segments.
 
         Callers stay within the visible tail. A cold read that the object
-        store cannot serve raises a 503 ``StreamError`` rather than hanging.
+        store cannot serve raises a 503 ``StreamError`` rather than hanging;
+        bytes that fail their checksum (either tier) raise a 502 integrity error.
         """
+        while True:
+            try:
+                return await self._read(s, start, end)
+            except SegmentUnchecked as exc:
+                # First read of a segment recovery did not check: verify it off the loop, then re-plan.
+                await asyncio.to_thread(self.journal.log.check_segment, exc.segment)
+            except DamagedRecordError as exc:
+                self.integrity_errors["hot"] += 1
+                log.error("integrity: hot read of %s/%s [%d, %d) hit damaged %s", s.bucket, s.path, start, end, exc)
+                raise integrity_error(
+                    f"stored data of this stream is damaged (hot segment {exc.segment}, byte {exc.position}); "
+                    "it will not be served"
+                ) from None
+
+    async def _read(self, s: Stream, start: int, end: int) -> bytes:
         c = s.chunks
+        log_ = self.journal.log
         if c.starts and start >= c.starts[0] and (s.fork_source is None or start >= s.fork_offset):
             # All hot, all the stream's own: the common catch-up case, no slice objects.
             i = bisect_right(c.starts, start) - 1
-            return self.journal.log.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
+            return log_.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
         slices = self.state.plan_read(s, start, end)
-        read = self.journal.log.read
         # Hot slices first, with no await in between: a segment the plan names
         # cannot be trimmed and deleted while cold reads are in flight.
         parts: list[bytes | None] = [
-            None if isinstance(sl, ColdSlice) else read(sl.segment, sl.position, sl.length) for sl in slices
+            None if isinstance(sl, ColdSlice) else log_.read(sl.segment, sl.position, sl.length, inline_check=False)
+            for sl in slices
         ]
         cold = [(i, sl) for i, sl in enumerate(slices) if isinstance(sl, ColdSlice)]
         if cold:
@@ -394,6 +423,14 @@ class StreamService:
             raise StreamError(503, "cold data is not available right now", {"Retry-After": "1"})
         try:
             return await self.cold_reader.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
+        except ColdDataDamaged as exc:
+            self.integrity_errors["cold"] += 1
+            log.error("integrity: cold read of %s/%s [%d, %d): %s", sl.bucket, sl.path, sl.start, sl.end, exc)
+            raise integrity_error(f"stored data of this stream is damaged (cold object {sl.key}); it will not be served") from None
+        except ObjectNotFound:
+            self.integrity_errors["cold"] += 1
+            log.error("integrity: cold object %s is missing from the store (read of %s/%s)", sl.key, sl.bucket, sl.path)
+            raise integrity_error(f"cold object {sl.key} is missing from the object store") from None
         except ObjectStoreError as exc:
             log.warning("cold read of %s failed: %s", sl.key, exc)
             raise StreamError(503, "the object store is unavailable; retry shortly", {"Retry-After": "2"}) from None

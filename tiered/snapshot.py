@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from tiered.cold.parquet_chunk import ChunkIndex
+from tiered.cold.chunk_index import ChunkIndex
 from tiered.hot.log import LogPosition
 from tiered.hot.segment import crc32c, fsync_dir
 

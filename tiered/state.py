@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tiered.cold.parquet_chunk import ChunkIndex
+from tiered.cold.chunk_index import ChunkIndex
 
 from .content import DEFAULT_CONTENT_TYPE, is_json, media_type
 from .ids import DEFAULT_BUCKET, format_offset
@@ -43,11 +43,12 @@ from .records import (
 class StreamError(Exception):
     """A request the state refuses, with the HTTP status that explains why."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.code = code
 
 
 @dataclass(slots=True)

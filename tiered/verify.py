@@ -1,11 +1,17 @@
-"""``tiered verify``: prove the cold tier holds exactly what the metadata says.
+"""``tiered verify``: prove both tiers hold exactly what the metadata says.
 
-Reads the metadata (snapshot + journal, read-only), then every cold object it
-references, and checks: the object exists with the recorded size; every page
-checksum verifies and the Parquet decodes; the index rebuilt from the object
-equals the recorded one; and for every stream range that reads from the
-object, its rows cover exactly that range, record by record, with payload
-lengths matching offsets. Any mismatch is reported and makes the exit code 1.
+Reads the metadata (snapshot + journal, read-only), then:
+
+* every hot segment, frame by frame: each record's checksum (damage is
+  reported with the stream ranges that read from it);
+* every cold object the metadata references: the object exists with the
+  recorded size and checksum; every page checksum verifies and the Parquet
+  decodes; the index rebuilt from the object equals the recorded one; and
+  for every stream range that reads from the object, its rows cover exactly
+  that range, record by record, with payload lengths matching offsets.
+
+Any mismatch is reported and makes the exit code 1. Nothing is written: the
+data dir and the store are opened read-only.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .state import StreamState
 
 @dataclass
 class VerifyReport:
+    segments: int = 0
     objects: int = 0
     bytes: int = 0
     ranges: int = 0
@@ -40,9 +47,34 @@ class VerifyReport:
 
 
 def load_state_read_only(config: Config) -> StreamState:
+    state, log_ = open_read_only(config)
+    log_.close()
+    return state
+
+
+def open_read_only(config: Config) -> tuple[StreamState, SegmentLog]:
+    """The state (snapshot + journal replay) and the hot log, opened without writing anything."""
     data = config.data_path
-    journal = Journal(SegmentLog(data / "hot", segment_bytes=config.segment_bytes), SnapshotStore(data / "snapshots"))
-    return journal.recover(read_only=True, new_state=new_state)
+    log_ = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
+    journal = Journal(log_, SnapshotStore(data / "snapshots"))
+    return journal.recover(read_only=True, new_state=new_state), log_
+
+
+def verify_hot(state: StreamState, log_: SegmentLog) -> VerifyReport:
+    """Check every frame of every hot segment; name the stream ranges damage falls in."""
+    report = VerifyReport()
+    for seg in log_.segment_ids():
+        report.segments += 1
+        for d in log_.check_segment(seg):
+            readers = [
+                f"{s.bucket}/{s.path} [{start}, {start + length})"
+                for s in state.streams.values()
+                for start, length, sg, pos in zip(s.chunks.starts, s.chunks.lens, s.chunks.segs, s.chunks.poss, strict=True)
+                if sg == seg and pos < d.end and d.start < pos + length
+            ]
+            held = "holds " + ", ".join(readers) if readers else "no stream reads it any more"
+            report.errors.append(f"hot segment {seg} bytes [{d.start}, {d.end}): {d.reason}; {held}")
+    return report
 
 
 def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int, int]]]:
@@ -134,12 +166,22 @@ class _Progress:
 
 
 async def run_verify(config: Config) -> int:
-    state = await asyncio.to_thread(load_state_read_only, config)
-    store = await open_store(config)
+    if not config.data_path.is_dir():
+        print(f"tiered verify: data dir {config.data_path} does not exist", file=sys.stderr)
+        return 2
+    state, log_ = await asyncio.to_thread(open_read_only, config)
+    try:
+        hot = await asyncio.to_thread(verify_hot, state, log_)
+    finally:
+        log_.close()
+    store = await open_store(config, read_only=True)
     try:
         report = await verify_cold(state, store, sys.stderr)
     finally:
         await store.close()
+    report.segments = hot.segments
+    report.errors[:0] = hot.errors
+    print(f"hot segments:     {report.segments}")
     print(f"objects verified: {report.objects}")
     print(f"bytes read:       {report.bytes}")
     print(f"stream ranges:    {report.ranges}")
