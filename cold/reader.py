@@ -8,7 +8,7 @@ GETs, never a LIST or a whole-object download.
 from __future__ import annotations
 
 from .chunk_index import ChunkIndex, ColdDataDamaged
-from .parquet_chunk import read_stream_bytes
+from .parquet_chunk import read_stream_bytes, read_stream_range
 from .read_cache import ByteLRU
 from .store import ObjectStore
 
@@ -30,3 +30,13 @@ class ColdReader:
                 f"returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})"
             )
         return data
+
+    async def record_starts(self, key: str, index: ChunkIndex, bucket: str, stream: str, lo: int, hi: int) -> list[int]:
+        """Offsets in ``[lo, hi)`` where one of the stream's records starts (retention lands on them)."""
+
+        async def fetch(a: int, b: int) -> bytes:
+            return await self.store.get(key, start=a, end=b)
+
+        pieces = await read_stream_range(fetch, index, bucket, stream, lo, hi, cache=self.cache, object_key=key)
+        # The first piece may be a record trimmed at ``lo``; ``lo`` is a boundary the caller knows anyway.
+        return [offset for offset, _ in pieces]

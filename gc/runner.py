@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tiered.cold.chunk_index import ColdDataDamaged
 from tiered.cold.store import ObjectStoreError
 from tiered.records import RetentionAdvanced, StreamExpired
 
@@ -107,7 +108,7 @@ class GcRunner:
         if expired and not dry_run:
             await service.commit_records([StreamExpired(uid=uid, ts_ms=now) for uid in expired])
 
-        advances = plan_retention(state, now)
+        advances = await self._retention_advances(now)
         report.retention_advanced = len(advances)
         if dry_run:
             for uid, offset in advances:
@@ -151,6 +152,33 @@ class GcRunner:
             t.last_pass_ms = report.finished_ms
             self.last_report = report
         return report
+
+    async def _retention_advances(self, now: int) -> list[tuple[int, int]]:
+        """(uid, new retained offset) for every stream a policy releases data of now.
+
+        Where the size target lies inside a cold range, the object is read for the
+        record boundary at or below it; failing that, the plan's known boundary
+        (lower, so more is kept) is used.
+        """
+        state = self.service.state
+        advances = []
+        for plan in plan_retention(state, now):
+            offset = plan.offset
+            lookup = plan.lookup
+            reader = self.service.cold_reader
+            obj = state.cold_objects.get(lookup.key) if lookup is not None else None
+            if lookup is not None and obj is not None and reader is not None:
+                try:
+                    starts = await reader.record_starts(lookup.key, obj.index, lookup.bucket, lookup.path,
+                                                        lookup.lo, lookup.target + 1)
+                    offset = max([offset, *(o for o in starts if o <= lookup.target)])
+                except (ObjectStoreError, ColdDataDamaged) as exc:
+                    log.warning("retention of %s/%s keeps more than needed: record boundaries in %s unreadable: %s",
+                                lookup.bucket, lookup.path, lookup.key, exc)
+            s = state.streams.get(plan.uid)
+            if s is not None and offset > s.retained_from:
+                advances.append((plan.uid, offset))
+        return advances
 
     async def _reconcile(self, report: GcReport, dry_run: bool, now: int) -> None:
         service = self.service

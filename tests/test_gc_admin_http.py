@@ -273,6 +273,8 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             "tiered_cold_puts_total", "tiered_cold_bytes_uploaded_total", "tiered_cold_flush_failures_total",
             "tiered_gc_pending_deletions", "tiered_gc_bytes_reclaimed_total", "tiered_gc_objects_deleted_total",
             "tiered_gc_orphans_found_total", "tiered_gc_integrity_errors", "tiered_gc_last_pass_timestamp_seconds",
+            'tiered_integrity_errors_total{tier="hot"}', 'tiered_integrity_errors_total{tier="cold"}',
+            "tiered_hot_damaged_frames", "tiered_cold_flush_damaged_streams",
         }
         assert all(v == 0 for v in m.values()), m
         for line in raw.decode().splitlines():

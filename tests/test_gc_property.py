@@ -13,7 +13,8 @@ After every step (safety): every stream the model says is live is found, has the
 tail and retained offset, and every byte from its retained offset to its tail reads back
 byte-exact; a stream the model says is gone is not found. After a GC pass the retained
 offsets the policies moved are checked against the policies: never backwards, only to a
-record boundary, never past a record younger than the age limit, and within the byte limit.
+record boundary, never past a record younger than the age limit, and exactly to the greatest
+record boundary that keeps at least the byte limit.
 
 At the end (no leaks): every bucket erased and every default-bucket stream deleted, the
 grace delay passed, GC plus reconciliation leaves ZERO objects under the data prefix, no
@@ -193,7 +194,14 @@ class Run:
                     if r.ts >= cutoff and r.start >= old:
                         assert new <= r.start, (ms.path, "released a record younger than the age limit")
             if size is not None:
-                assert len(ms.data) - new <= size, (ms.path, "keeps more than the byte limit")
+                # At least the newest `size` bytes stay: the greatest record boundary at or below the target.
+                target = len(ms.data) - size
+                boundaries = {old, len(ms.data)} | {r.start for r in ms.records} | {r.end for r in ms.records}
+                want = old if target <= old else max(b for b in boundaries if old <= b <= target)
+                if age is None:
+                    assert new == want, (ms.path, new, want, "size retention must keep at least the limit, exactly")
+                else:
+                    assert new >= want, (ms.path, new, want, "the byte limit releases at least this much")
             ms.retained = new
 
     # ------------------------------------------------------------------ ops

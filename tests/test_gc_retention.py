@@ -79,6 +79,9 @@ async def check_reads(h: HttpHarness, url: str, data: bytes) -> None:
     """What readers see with retained offset R: -1 starts at R, below R is 410 -> R."""
     r = await retained(h, url)
     status, headers, raw = await h.http("GET", url + "?offset=-1")
+    while status == 200 and headers.get("Stream-Up-To-Date") != "true":  # follow chunked reads to the tail
+        status, headers, more = await h.http("GET", f"{url}?offset={headers['Stream-Next-Offset']}")
+        raw += more
     assert status == 200 and raw == data[r:], (r, raw[:40])
     if r > 0:
         status, headers, raw = await h.http("GET", f"{url}?offset={format_offset(r - 1)}")
@@ -103,15 +106,14 @@ def test_retention_by_bytes_moves_to_record_boundaries(tmp_path: Path, tier: str
             if tier == "cold" or (tier == "mixed" and i < 2):
                 await h.flush()  # one cold range per record (or the first two only)
         data = b"".join(records)
-        boundaries = {0, 100, 200, 300, 400, 500}
-        await policy(h, "sized", size=250)  # 250 bytes: the first boundary at or past 250 is 300
-        await gc(h, retention_advanced=1, bytes_released=300)
-        assert await retained(h, url) == 300
+        await policy(h, "sized", size=250)  # at least 250 bytes: the boundary at or below 500-250 is 200
+        await gc(h, retention_advanced=1, bytes_released=200)
+        assert await retained(h, url) == 200
         await check_reads(h, url, data)
         await gc(h, retention_advanced=0)  # idempotent
         await policy(h, "sized", size=100)  # exactly one record
-        await gc(h, retention_advanced=1)
-        assert await retained(h, url) == 400 and await retained(h, url) in boundaries
+        await gc(h, retention_advanced=1, bytes_released=200)
+        assert await retained(h, url) == 400
         await check_reads(h, url, data)
         await policy(h, "sized", size=0)  # nothing kept; the stream itself lives on
         await gc(h, retention_advanced=1)
@@ -142,10 +144,61 @@ def test_retention_bytes_on_json_stream_keeps_whole_messages(tmp_path: Path) -> 
             got = json.loads(raw)  # valid JSON: whole messages only
             assert got == messages[len(messages) - len(got):], (size, got)
             s = h.s.lookup("default", "events.json")
-            assert s.tail - s.retained_from <= size
-        assert json.loads((await h.http("GET", url + "?offset=-1"))[2]) == []
+            assert s.tail - s.retained_from >= size, "retention keeps at least retention_bytes"
+        # 10 bytes: the last record (two messages) is the least that keeps them.
+        assert json.loads((await h.http("GET", url + "?offset=-1"))[2]) == messages[6:]
 
     run(tmp_path, body)
+
+
+def test_size_retention_inside_one_cold_range_keeps_at_least_the_limit(tmp_path: Path) -> None:
+    """20 records of 100 KB flushed into one cold range: keeping 1,900,000 bytes releases the first
+    record only (the boundary is found inside the object); the range stays referenced."""
+    records = [bytes([65 + i]) * 100_000 for i in range(20)]
+
+    async def body(h: HttpHarness, clock: VirtualClock) -> None:
+        url = "/v1/stream/one"
+        assert (await h.http("PUT", url, headers=CT))[0] == 201
+        for r in records:
+            assert (await h.http("POST", url, headers=CT, body=r))[0] == 204
+        await h.flush()
+        s = h.s.lookup("default", "one")
+        assert [(r.start, r.end) for r in s.cold_refs] == [(0, 2_000_000)] and h.s.state.hot_bytes == 0
+        await policy(h, "default/one", size=1_900_000)
+        await gc(h, retention_advanced=1, bytes_released=100_000)
+        assert await retained(h, url) == 100_000
+        assert [(r.start, r.end) for r in s.cold_refs] == [(0, 2_000_000)], "a partly retained range stays"
+        await check_reads(h, url, b"".join(records))
+        await policy(h, "default/one", size=1_850_000)  # 150,000 out: still only the first record
+        await gc(h, retention_advanced=0)
+        await policy(h, "default/one", size=50_000)  # at least 50,000: the last record
+        await gc(h, retention_advanced=1, bytes_released=1_800_000)
+        assert await retained(h, url) == 1_900_000
+        await check_reads(h, url, b"".join(records))
+        clock.advance(GRACE_MS)
+        await gc(h, objects_deleted=0)  # the object still serves the last record
+        await h.restart(crash=True)
+        await check_reads(h, url, b"".join(records))
+
+    run(tmp_path, body, max_body_bytes=200_000, segment_bytes=4 << 20)
+
+
+def test_size_retention_of_mebibyte_records_keeps_the_limit_exactly(tmp_path: Path) -> None:
+    records = [bytes([48 + i]) * (1 << 20) for i in range(10)]
+
+    async def body(h: HttpHarness, clock: VirtualClock) -> None:
+        url = "/v1/stream/big"
+        assert (await h.http("PUT", url, headers=CT))[0] == 201
+        for i, r in enumerate(records):
+            assert (await h.http("POST", url, headers=CT, body=r))[0] == 204
+            if i == 5:
+                await h.flush()  # some cold, some hot
+        await policy(h, "default/big", size=9 << 20)
+        await gc(h, retention_advanced=1, bytes_released=1 << 20)
+        assert await retained(h, url) == 1 << 20
+        await check_reads(h, url, b"".join(records))
+
+    run(tmp_path, body, max_body_bytes=(1 << 20) + 1024, segment_bytes=8 << 20)
 
 
 # --------------------------------------------------------------------------- by age
@@ -191,22 +244,22 @@ def test_stream_policy_overrides_the_bucket_policy(tmp_path: Path) -> None:
             assert (await h.http("PUT", url, headers=CT))[0] == 201
             for i in range(4):
                 assert (await h.http("POST", url, headers=CT, body=bytes([65 + i]) * 50))[0] == 204
-        await policy(h, "mixed", size=60)  # bucket: keep <= 60 bytes
+        await policy(h, "mixed", size=60)  # bucket: keep >= 60 bytes (whole records: 100)
         await policy(h, "mixed/own", ms=3_600_000)  # own: by age only, and nothing is that old
         await gc(h, retention_advanced=1)
-        assert await retained(h, urls["follows"]) == 150
+        assert await retained(h, urls["follows"]) == 100
         assert await retained(h, urls["own"]) == 0  # the bucket's byte limit does not apply to it
-        await policy(h, "mixed/own", size=120)  # own, by bytes
+        await policy(h, "mixed/own", size=120)  # own, by bytes: keep 150
         await gc(h, retention_advanced=1)
-        assert await retained(h, urls["own"]) == 100
+        assert await retained(h, urls["own"]) == 50
         await policy(h, "mixed/own")  # cleared: follows the bucket again
         await gc(h, retention_advanced=1)
-        assert await retained(h, urls["own"]) == 150
+        assert await retained(h, urls["own"]) == 100
         await policy(h, "mixed")  # the bucket's cleared too: nothing moves, nothing goes back
         clock.advance(10**9)
         await gc(h, retention_advanced=0)
         for url in urls.values():
-            assert await retained(h, url) == 150
+            assert await retained(h, url) == 100
             await check_reads(h, url, b"".join(bytes([65 + i]) * 50 for i in range(4)))
 
     run(tmp_path, body)
