@@ -397,8 +397,9 @@ def test_admin_token_is_required_and_refusals_change_nothing(token_server: Serve
     auth = {"Authorization": f"Bearer {TOKEN}"}
     status, _, raw = request("GET", base + "/v1/admin/gc", auth)
     assert status == 200 and json.loads(raw)["last_pass"] is None and json.loads(raw)["totals"]["passes"] == 0
-    # /metrics needs no token.
-    assert request("GET", base + "/metrics")[0] == 200
+    # /metrics is an admin route too.
+    assert request("GET", base + "/metrics")[0] == 401
+    assert request("GET", base + "/metrics", auth)[0] == 200
 
     # The right token (scheme is case-insensitive) works for every route.
     status, h, _ = request("POST", base + "/v1/admin/retain/guarded/s", {"authorization": f"bearer {TOKEN}"},
@@ -466,7 +467,7 @@ def test_non_loopback_without_token_refuses_every_admin_route(tmp_path: Path, no
         s = h.s.lookup("guarded", "s")
         assert (s.retained_from, s.retention_bytes) == (0, None)
         assert h.s.gc is not None and h.s.gc.totals.passes == 0
-        assert (await h.http("GET", "/metrics"))[0] == 200
+        assert (await h.http("GET", "/metrics"))[0] == 403
         assert (await h.http("GET", "/v1/buckets/guarded/stream/s?offset=-1"))[2] == b"abcdef"
 
     run(config, body)

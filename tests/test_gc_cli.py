@@ -52,7 +52,9 @@ def report_rows(stdout: str) -> dict[str, int]:
 
 
 def metric(srv: ServerProcess, name: str) -> float:
-    for line in request("GET", srv.url + "/metrics")[2].decode().splitlines():
+    token = srv.env.get("TIERED_ADMIN_TOKEN")
+    auth = {"Authorization": f"Bearer {token}"} if token else None
+    for line in request("GET", srv.url + "/metrics", auth)[2].decode().splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(name)

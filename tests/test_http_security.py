@@ -154,3 +154,69 @@ def test_security_header_values(srv: ServerProcess) -> None:
     # Browsers must not sniff the stream's bytes into something else.
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert headers["Content-Type"] == "text/html"
+
+
+# --------------------------------------------------------------- credentials
+
+
+def raw_request(url: str, method: str, path: str, headers: list[tuple[str, bytes]], body: bytes = b"") -> tuple[int, bytes]:
+    """A request with header values sent as raw bytes (not necessarily UTF-8)."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with an admin token configured."""
+    srv = ServerProcess(tmp_path_factory.mktemp("guarded") / "data", "--long-poll-timeout-s", "2",
+                        env={"TIERED_ADMIN_TOKEN": "the-admin-token"}).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("value", [b"Bearer \xff\xfe", b"Bearer \xc3\x28", b"bearer \x80abc", b"\xff\xfe"])
+def test_undecodable_authorization_is_401_not_500(guarded: ServerProcess, value: bytes) -> None:
+    for method, path in [("POST", "/v1/admin/gc?dry_run=true"), ("GET", "/metrics"), ("GET", "/v1/admin/gc")]:
+        status, body = raw_request(guarded.url, method, path, [("Authorization", value)])
+        assert status == 401, (method, path, status, body)
+
+
+def test_undecodable_callback_token_is_401_not_500(guarded: ServerProcess) -> None:
+    sub = unique("sub")
+    assert request("PUT", guarded.url + "/v1/stream/wakes", {"Content-Type": "application/json"})[0] == 201
+    body = b'{"type": "pull-wake", "streams": ["x"], "wake_stream": "wakes"}'
+    assert request("PUT", f"{guarded.url}/v1/stream/__ds/subscriptions/{sub}", {"Content-Type": "application/json"}, body)[0] == 201
+    for action in ("ack", "release", "callback"):
+        status, raw = raw_request(guarded.url, "POST", f"/v1/stream/__ds/subscriptions/{sub}/{action}",
+                                  [("Authorization", b"Bearer \xff\xfe.\xff"), ("Content-Type", b"application/json")],
+                                  b'{"wake_id": "w", "generation": 1}')
+        assert status == 401, (action, status, raw)
+
+
+def test_metrics_need_the_admin_token_when_one_is_configured(guarded: ServerProcess) -> None:
+    status, headers, body = request("GET", guarded.url + "/metrics")
+    assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+    assert b"tiered_" not in body
+    assert request("GET", guarded.url + "/metrics", {"Authorization": "Bearer wrong"})[0] == 401
+    status, _, body = request("GET", guarded.url + "/metrics", {"Authorization": "Bearer the-admin-token"})
+    assert status == 200 and b"tiered_streams" in body
+
+
+def test_metrics_are_open_on_loopback_without_a_token(srv: ServerProcess) -> None:
+    status, _, body = request("GET", srv.url + "/metrics")
+    assert status == 200 and b"tiered_streams" in body

@@ -14,7 +14,8 @@ These are extensions of the Durable Streams protocol, for operators:
   shows it as ``Stream-Retained-Offset``.
 * ``POST /v1/admin/gc[?dry_run=true]`` - run one GC pass now; returns its report.
 * ``GET /v1/admin/gc`` - the last pass's report and lifetime counters.
-* ``GET /metrics`` - Prometheus text (not authenticated: counts only).
+* ``GET /metrics`` - Prometheus text; an admin route like the others (scrape it
+  with the admin token as a bearer token).
 
 Admin calls need ``Authorization: Bearer <token>`` when a token is configured
 (``--admin-token-file`` or ``TIERED_ADMIN_TOKEN``). With no token configured
@@ -63,7 +64,7 @@ class AdminApi:
             web.post("/v1/admin/retain/{bucket}/{path:[\\s\\S]+}", guard(self.retain)),
             web.post("/v1/admin/gc", guard(self.run_gc)),
             web.get("/v1/admin/gc", guard(self.gc_status)),
-            web.get("/metrics", self.metrics),
+            web.get("/metrics", guard(self.metrics)),
         ]
 
     # ------------------------------------------------------------------ auth
@@ -79,7 +80,9 @@ class AdminApi:
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not presented:
             return error_response(401, "admin operations need Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
+        # Header bytes that are not UTF-8 arrive as lone surrogates: compare the bytes as sent.
+        given = presented.strip().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self.token.encode()):
             return error_response(401, "the admin token is not valid", {"WWW-Authenticate": "Bearer"})
         return None
 

@@ -422,6 +422,8 @@ def mint_token(secret: bytes, claims: TokenClaims) -> str:
 
 def read_token(secrets: Iterable[bytes], token: str) -> TokenClaims | None:
     """The claims of a token signed with one of ``secrets``; None if forged or malformed."""
+    if not token.isascii():  # includes undecodable header bytes (lone surrogates)
+        return None
     payload, sep, mac = token.partition(".")
     if not sep or not payload or not mac:
         return None
