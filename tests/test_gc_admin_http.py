@@ -274,7 +274,7 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             "tiered_gc_pending_deletions", "tiered_gc_bytes_reclaimed_total", "tiered_gc_objects_deleted_total",
             "tiered_gc_orphans_found_total", "tiered_gc_integrity_errors", "tiered_gc_last_pass_timestamp_seconds",
             'tiered_integrity_errors_total{tier="hot"}', 'tiered_integrity_errors_total{tier="cold"}',
-            "tiered_hot_damaged_frames", "tiered_cold_flush_damaged_streams",
+            "tiered_hot_damaged_frames", "tiered_cold_flush_damaged_streams", "tiered_live_readers",
         }
         assert all(v == 0 for v in m.values()), m
         for line in raw.decode().splitlines():

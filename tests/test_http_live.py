@@ -23,6 +23,7 @@ from .http_helpers import (
     read,
     request,
     stream_url,
+    tail,
     unique,
 )
 from .server_process import ServerProcess
@@ -492,3 +493,50 @@ def test_sse_text_never_splits_a_character_even_with_tiny_chunks(chunky: ServerP
     with SseReader(u, "-1") as sse:
         events = sse.read_until(up_to_date)
     assert "".join(e.data for e in events if e.event == "data") == "😀😀"
+
+
+# --------------------------------------------------------------- waiter slots
+
+
+def _live_readers(srv: ServerProcess) -> int:
+    for line in request("GET", srv.url + "/metrics")[2].decode().splitlines():
+        if line.startswith("tiered_live_readers "):
+            return int(float(line.split()[1]))
+    raise AssertionError("tiered_live_readers missing")
+
+
+def _open_and_drop(srv: ServerProcess, path: str) -> None:
+    """Send a live request and close the connection without reading the answer."""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    time.sleep(0.2)  # parked on the server
+    sock.close()
+
+
+def test_readers_that_disconnect_free_their_waiter_slot_at_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    srv = ServerProcess(tmp_path_factory.mktemp("slots") / "data", "--max-waiters", "2",
+                        "--long-poll-timeout-s", "20", "--sse-max-connection-s", "60").start()
+    try:
+        url = stream_url(srv.url, "slots")
+        assert create(url)[0] == 201
+        tail_offset = tail(url)
+        path = f"/v1/stream/slots?offset={tail_offset}"
+        for round_ in range(3):  # more clients than slots come and go, each leaving at once
+            _open_and_drop(srv, path + "&live=long-poll")
+            _open_and_drop(srv, path + "&live=sse")
+            deadline = time.monotonic() + 1.0
+            while _live_readers(srv) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _live_readers(srv) == 0, f"round {round_}: slots still held by readers that left"
+        # Both slots are free: two readers park, a third is refused.
+        waiting = [Background(lambda: read(url, tail_offset, live="long-poll")) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while _live_readers(srv) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert read(url, tail_offset, live="long-poll")[0] == 503
+        assert append(url, b"x")[0] == 204
+        assert [w.result()[0] for w in waiting] == [200, 200]
+    finally:
+        srv.stop()

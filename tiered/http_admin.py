@@ -174,6 +174,9 @@ class AdminApi:
             "# HELP tiered_integrity_errors_total Reads and copies refused because stored bytes failed their checksum",
             "# TYPE tiered_integrity_errors_total counter",
             *(f'tiered_integrity_errors_total{{tier="{tier}"}} {n}' for tier, n in service.integrity_errors.items()),
+            "# HELP tiered_live_readers Long-poll and SSE readers waiting for data",
+            "# TYPE tiered_live_readers gauge",
+            f"tiered_live_readers {service.waiters.count}",
             "# TYPE tiered_hot_damaged_frames gauge",
             f"tiered_hot_damaged_frames {sum(len(d) for d in service.journal.log.damage().values())}",
         ]

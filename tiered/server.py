@@ -56,7 +56,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     try:
         await service.start()
         app = build_app(service)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # handler_cancellation: a reader that disconnects ends its handler at once, so a
+        # long-poll or SSE waiter slot is freed when the connection closes, not at its timeout.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
         await site.start()
