@@ -125,7 +125,8 @@ def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, moto_s3: s3_server
 def test_conformance_suite_with_subscriptions(tmp_path: Path) -> None:
     """The whole suite including the reserved subscription APIs (webhooks to the suite's 127.0.0.1 receivers)."""
     _require_node()
-    server = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3").start()
+    # The suite's webhook receivers listen on 127.0.0.1: loopback webhooks are for development only.
+    server = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3", "--webhook-allow-loopback", "true").start()
     try:
         passed, failed, out = run_suite(server.url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"})
     finally:

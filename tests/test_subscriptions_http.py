@@ -50,7 +50,7 @@ def invalid_offset(message: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "subscriptions")
+    yield from module_server(tmp_path_factory, "subscriptions", "--webhook-allow-loopback", "true")
 
 
 @pytest.fixture
@@ -187,11 +187,11 @@ def test_create_rejects_invalid_requests(srv: ServerProcess, body: Any, expected
 @pytest.mark.parametrize(
     "url, message",
     [
-        ("http://10.0.0.1/hook", "http webhook URLs are only allowed for localhost or 127.0.0.x"),
+        ("http://10.0.0.1/hook", "webhook.url must be an https URL (plain http only to loopback, for development)"),
         ("https://169.254.169.254/latest", "webhook.url must not target private, loopback, link-local or reserved addresses"),
         ("https://192.168.0.10/hook", "webhook.url must not target private, loopback, link-local or reserved addresses"),
         ("https://[fe80::1]/hook", "webhook.url must not target private, loopback, link-local or reserved addresses"),
-        ("https://localhost/hook", "localhost webhook URLs must use http for development"),
+        ("https://[64:ff9b::a9fe:a9fe]/", "webhook.url must not target private, loopback, link-local or reserved addresses"),
         ("https://db.internal/hook", "webhook.url must not target local network names"),
     ],
 )
@@ -506,7 +506,7 @@ def test_token_expired_and_journal_unavailable(tmp_path: Path, monkeypatch: pyte
 
 
 def test_webhooks_switch_and_public_url(tmp_path: Path) -> None:
-    off = ServerProcess(tmp_path / "off", "--long-poll-timeout-s", "2", "--webhooks", "false").start()
+    off = ServerProcess(tmp_path / "off", "--long-poll-timeout-s", "2", "--webhooks", "false", "--webhook-allow-loopback", "true").start()
     try:
         status, body, _ = call("PUT", sub_url(off, "h"), {"type": "webhook", "pattern": "a/*",
                                                           "webhook": {"url": "https://hooks.example.com/x"}})
@@ -515,7 +515,7 @@ def test_webhooks_switch_and_public_url(tmp_path: Path) -> None:
     finally:
         off.stop()
     public = "https://streams.example.com/root"
-    srv = ServerProcess(tmp_path / "on", "--long-poll-timeout-s", "2", "--public-url", public + "/").start()
+    srv = ServerProcess(tmp_path / "on", "--long-poll-timeout-s", "2", "--public-url", public + "/", "--webhook-allow-loopback", "true").start()
     try:
         with WebhookReceiver() as rx:
             created = webhook_sub(srv, "h", rx.url, "pub/*")

@@ -29,7 +29,7 @@ def restart(old: ServerProcess, *, kill: bool) -> ServerProcess:
         old.kill()
     else:
         assert old.stop() == 0, old.log()
-    new = ServerProcess(old.data_dir, "--long-poll-timeout-s", "2")
+    new = ServerProcess(old.data_dir, "--long-poll-timeout-s", "2", "--webhook-allow-loopback", "true")
     new.port = old.port  # same address: stored callback URLs stay valid
     return new.start()
 
@@ -57,7 +57,7 @@ def put_json(srv: ServerProcess, path: str, data: str = "") -> None:
 
 
 def test_subscriptions_survive_sigkill_and_pre_crash_tokens_are_fenced(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2").start()
+    srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2", "--webhook-allow-loopback", "true").start()
     with WebhookReceiver() as rx:
         try:
             put_json(srv, "wake/pool", "[]")
@@ -122,7 +122,7 @@ def test_subscriptions_survive_sigkill_and_pre_crash_tokens_are_fenced(tmp_path:
 
 
 def test_clean_restart_then_crash_keeps_keys_links_and_retry_state(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2").start()
+    srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2", "--webhook-allow-loopback", "true").start()
     with WebhookReceiver(lambda i, body: (503, {})) as rx:
         try:
             put_json(srv, "jobs/a", '{"j":1}')

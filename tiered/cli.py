@@ -38,11 +38,15 @@ _HELP = {
     "cold_object_bytes": "target size of one cold object (default 16 MiB)",
     "hot_retention_s": "keep hot copies this long after they are cold (0: drop at once; default 60)",
     "read_cache_bytes": "memory for cached Parquet footers and row groups (default 64 MiB)",
+    "cold_read_timeout_s": "a cold read the object store has not answered by then gets 503 + Retry-After (default 5)",
+    "store_probe_interval_s": "how often the object store is probed for /readyz (default 5)",
     "gc_interval_s": "how often the server runs a GC pass (expiry, retention, deletion; default 60)",
     "gc_grace_s": "how long an object nobody owns waits before it is deleted (default 300)",
     "gc_max_objects_per_pass": "bound on objects deleted (and orphans handled) per GC pass (default 1000)",
     "reconcile_interval_s": "how often a GC pass also lists the object store to find orphans (default 3600)",
     "webhooks": "deliver webhook subscriptions (true/false; default true)",
+    "webhook_allow_loopback": "let webhooks target loopback (http://localhost, 127.0.0.x) for local development "
+    "(true/false; default false: anyone who can create a subscription could reach this machine's local services)",
     "public_url": "base URL clients reach this server at, for callback and JWKS URLs (default: from the request)",
     "admin_token_file": "file holding the admin bearer token (or set TIERED_ADMIN_TOKEN); without one, "
     "admin operations are allowed only when listening on loopback",

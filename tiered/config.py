@@ -48,6 +48,8 @@ class Config:
     cold_object_bytes: int = 16 * MiB
     hot_retention_s: float = 60.0
     read_cache_bytes: int = 64 * MiB
+    cold_read_timeout_s: float = 5.0
+    store_probe_interval_s: float = 5.0
     # GC and administration.
     gc_interval_s: float = 60.0
     gc_grace_s: float = 300.0
@@ -56,6 +58,7 @@ class Config:
     admin_token_file: str = ""
     # Subscriptions.
     webhooks: bool = True
+    webhook_allow_loopback: bool = False
     public_url: str = ""
 
     def validate(self) -> None:
@@ -80,6 +83,8 @@ class Config:
             raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
         if self.gc_interval_s <= 0 or self.gc_grace_s < 0 or self.gc_max_objects_per_pass <= 0:
             raise ConfigError("gc_interval_s and gc_max_objects_per_pass must be positive, gc_grace_s not negative")
+        if self.cold_read_timeout_s <= 0 or self.store_probe_interval_s <= 0:
+            raise ConfigError("cold_read_timeout_s and store_probe_interval_s must be positive")
         if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
             raise ConfigError("hot_retention_s and read_cache_bytes must not be negative")
 

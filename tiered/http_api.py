@@ -157,6 +157,7 @@ class StreamsApi:
             web.put(BUCKETS_PREFIX + "/{bucket}", self.put_bucket),
             web.get(BUCKETS_PREFIX + "/{bucket}", self.get_bucket),
             web.get("/healthz", self.health),
+            web.get("/readyz", self.ready),
         ]
 
     async def dispatch_stream(self, request: web.Request) -> web.StreamResponse:
@@ -598,8 +599,15 @@ class StreamsApi:
         return web.json_response({"name": name, "created_ms": state.buckets[name], "streams": streams})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
+        """Liveness: the process runs and its journal writes (an object-store outage is not fatal)."""
         ok = self.service.journal.failed is None
-        return web.json_response({"ok": ok}, status=200 if ok else 503)
+        _, checks = self.service.readiness()
+        return web.json_response({"ok": ok, "store": checks["store"]}, status=200 if ok else 503)
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        """Readiness: recovery finished, the journal writes and the object store answered its last probe."""
+        ready, checks = self.service.readiness()
+        return web.json_response({"ready": ready, **checks}, status=200 if ready else 503)
 
 
 def _utf8_boundary(data: bytes) -> int:

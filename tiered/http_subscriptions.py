@@ -155,7 +155,11 @@ class SubscriptionsApi:
     # ------------------------------------------------------------- subscriptions
 
     async def put(self, request: web.Request, sub_id: str) -> web.StreamResponse:
-        cfg = parse_config(await self._json(request), webhooks_enabled=bool(getattr(self.config, "webhooks", True)))
+        cfg = parse_config(
+            await self._json(request),
+            webhooks_enabled=self.config.webhooks,
+            allow_loopback=self.config.webhook_allow_loopback,
+        )
         if cfg.type == WEBHOOK:
             await self.delivery.ensure_signing_key()
         now = now_ms()

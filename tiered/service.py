@@ -19,6 +19,7 @@ from typing import Any
 from tiered.cold.backends import open_object_store
 from tiered.cold.chunk_index import ColdDataDamaged
 from tiered.cold.flusher import ColdFlusher
+from tiered.cold.health import StoreHealth
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.gc.runner import GcRunner
@@ -120,6 +121,9 @@ class StreamService:
         self._gc_task: asyncio.Task[None] | None = None
         self.deliveries: SubscriptionDelivery | None = None  # subscription wakes (tiered.webhooks)
         self.integrity_errors = {"hot": 0, "cold": 0}  # reads and copies refused for damage
+        self.store_health = StoreHealth()
+        self._probe_task: asyncio.Task[None] | None = None
+        self.recovered = False
 
     # ------------------------------------------------------------- lifecycle
 
@@ -145,9 +149,14 @@ class StreamService:
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
         )
+        self.recovered = True
         if run_flusher:
             self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
             self._gc_task = asyncio.create_task(self.gc.run_forever(), name="gc")
+            probe_timeout = min(c.store_probe_interval_s, c.cold_read_timeout_s)
+            self._probe_task = asyncio.create_task(
+                self.store_health.probe_forever(self.store, c.store_probe_interval_s, probe_timeout), name="store-probe"
+            )
         # Subscriptions: fence wakes outstanding before a restart, then deliver in the background.
         self.deliveries = SubscriptionDelivery(self)
         await self.deliveries.start()
@@ -165,7 +174,7 @@ class StreamService:
         self.begin_shutdown()
         if self.deliveries is not None:
             await self.deliveries.stop()
-        for task in (self._flusher_task, self._gc_task):
+        for task in (self._flusher_task, self._gc_task, self._probe_task):
             if task is not None:
                 task.cancel()
                 try:
@@ -421,8 +430,17 @@ class StreamService:
         obj = self.state.cold_objects.get(sl.key)
         if obj is None or self.cold_reader is None:
             raise StreamError(503, "cold data is not available right now", {"Retry-After": "1"})
+        timeout = self.config.cold_read_timeout_s
         try:
-            return await self.cold_reader.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
+            async with asyncio.timeout(timeout):
+                data = await self.cold_reader.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
+            self.store_health.ok()
+            return data
+        except TimeoutError:
+            self.store_health.failed(f"a cold read of {sl.key} got no answer within {timeout:g}s", stalled=True)
+            raise StreamError(
+                503, f"the object store did not answer within {timeout:g}s; retry shortly", {"Retry-After": "2"}
+            ) from None
         except ColdDataDamaged as exc:
             self.integrity_errors["cold"] += 1
             log.error("integrity: cold read of %s/%s [%d, %d): %s", sl.bucket, sl.path, sl.start, sl.end, exc)
@@ -433,7 +451,18 @@ class StreamService:
             raise integrity_error(f"cold object {sl.key} is missing from the object store") from None
         except ObjectStoreError as exc:
             log.warning("cold read of %s failed: %s", sl.key, exc)
+            self.store_health.failed(str(exc))
             raise StreamError(503, "the object store is unavailable; retry shortly", {"Retry-After": "2"}) from None
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        """Ready to serve everything: recovery finished, the journal writes, the store answered."""
+        checks: dict[str, object] = {
+            "recovered": self.recovered,
+            "journal": "ok" if self.journal.failed is None else f"failed: {self.journal.failed}",
+            "store": self.store_health.as_json(),
+        }
+        ready = self.recovered and self.journal.failed is None and self.store_health.reachable is True
+        return ready, checks
 
     async def wait_for_change(self, s: Stream, offset: int, timeout: float) -> bool:
         """Park until the stream's visible tail passes ``offset`` or it closes."""

@@ -33,15 +33,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import logging
 import re
-import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import msgspec
 
@@ -67,6 +64,7 @@ from .subscription_records import (
     WebhookDelivered,
     WebhookFailed,
 )
+from .webhook_policy import WebhookUrlRejected, check_webhook_url
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +80,10 @@ RETRY_BASE_MS = 1_000
 RETRY_MAX_MS = 60_000
 RETRY_JITTER = 0.2
 MAX_ID_BYTES = 256
-MAX_URL_LENGTH = 2048
 MAX_DESCRIPTION = 4096
 MAX_WORKER = 256
 
 _ID_RE = re.compile(r"[^\x00-\x20\x7f-\x9f/\\]+")
-_DEV_HTTP_IPV4 = re.compile(r"127\.0\.0\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
-_LOCAL_SUFFIXES = (".localhost", ".local", ".localdomain", ".internal", ".home.arpa", ".lan")
 
 
 class SubscriptionError(Exception):
@@ -178,67 +173,14 @@ def normalize_pattern(raw: object) -> str:
 # ---------------------------------------------------------------- webhook URLs
 
 
-def _literal_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        # Legacy IPv4 spellings (``2130706433``, ``0x7f.1``, ``127.1``) that resolvers accept.
-        if not re.fullmatch(r"[0-9a-fx.]+", host):
-            return None
-        try:
-            ip = ipaddress.IPv4Address(socket.inet_aton(host))
-        except OSError:
-            return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def is_public_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Globally routable unicast: not private, loopback, link-local, CGNAT, multicast or reserved."""
-    return ip.is_global and not ip.is_multicast
-
-
-def validate_webhook_url(raw: object) -> str:
-    """Accept only https to public hosts, plus http to localhost / 127.0.0.x for development.
-
-    No DNS lookup happens here (the delivery shell checks resolved addresses
-    at connect time); literal IPs, legacy IPv4 spellings and local-looking
-    names (``localhost``, ``*.local``, ``*.internal``, single-label names) are
-    judged as written.
-    """
-
-    def reject(message: str) -> SubscriptionError:
-        return SubscriptionError(400, "WEBHOOK_URL_REJECTED", message)
-
+def validate_webhook_url(raw: object, *, allow_loopback: bool = False) -> str:
+    """The webhook URL if the policy (``tiered.webhook_policy``) allows it; ``WEBHOOK_URL_REJECTED`` if not."""
     if not isinstance(raw, str) or not raw:
         raise _invalid("webhook subscriptions require webhook.url")
-    if len(raw) > MAX_URL_LENGTH or any(c <= " " or c == "\x7f" for c in raw):
-        raise reject("webhook.url must be a valid URL")
     try:
-        parts = urlsplit(raw)
-        parts.port  # noqa: B018 - raises on a malformed port
-    except ValueError:
-        raise reject("webhook.url must be a valid URL") from None
-    scheme = parts.scheme.lower()
-    host = (parts.hostname or "").lower()
-    if scheme not in ("http", "https") or not host:
-        raise reject("webhook.url must be an https URL")
-    name = host[:-1] if host.endswith(".") else host
-    if scheme == "http":
-        if name == "localhost" or _DEV_HTTP_IPV4.fullmatch(host):
-            return raw
-        raise reject("http webhook URLs are only allowed for localhost or 127.0.0.x")
-    ip = _literal_ip(name)
-    if ip is not None:
-        if not is_public_ip(ip):
-            raise reject("webhook.url must not target private, loopback, link-local or reserved addresses")
-        return raw
-    if name == "localhost":
-        raise reject("localhost webhook URLs must use http for development")
-    if "." not in name or name.endswith(_LOCAL_SUFFIXES):
-        raise reject("webhook.url must not target local network names")
-    return raw
+        return check_webhook_url(raw, allow_loopback=allow_loopback)
+    except WebhookUrlRejected as exc:
+        raise SubscriptionError(400, "WEBHOOK_URL_REJECTED", str(exc)) from None
 
 
 # ---------------------------------------------------------------- request bodies
@@ -278,7 +220,7 @@ def _int_field(value: object) -> int | None:
     return None
 
 
-def parse_config(body: object, *, webhooks_enabled: bool = True) -> SubscriptionConfig:
+def parse_config(body: object, *, webhooks_enabled: bool = True, allow_loopback: bool = False) -> SubscriptionConfig:
     """The subscription configuration in a PUT body, normalized; ``SubscriptionError`` if invalid."""
     if not isinstance(body, dict):
         raise _invalid("Request body must be a JSON object")
@@ -311,7 +253,7 @@ def parse_config(body: object, *, webhooks_enabled: bool = True) -> Subscription
         hook = body.get("webhook")
         if not isinstance(hook, dict) or not hook.get("url"):
             raise _invalid("webhook subscriptions require webhook.url")
-        webhook_url = validate_webhook_url(hook["url"])
+        webhook_url = validate_webhook_url(hook["url"], allow_loopback=allow_loopback)
     else:
         if body.get("webhook") is not None:
             raise _invalid("webhook is only for webhook subscriptions")

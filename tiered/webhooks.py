@@ -17,9 +17,9 @@ for the journal first. At start, every wake outstanding before the restart is
 fenced (``SubscriptionState.decide_recover``): its tokens may be anywhere.
 
 Webhook targets were checked when the subscription was created; at connect
-time the resolver also refuses hostnames that resolve to non-public
-addresses (DNS rebinding), redirects are not followed, and no proxy
-settings from the environment are used.
+time every peer address is checked again (``tiered.webhook_policy``: resolved
+names and literal IPs alike, so DNS rebinding gets nowhere), redirects are not
+followed, and no proxy settings from the environment are used.
 """
 
 from __future__ import annotations
@@ -27,19 +27,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import heapq
-import ipaddress
 import logging
 import random
 import secrets
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
 import msgspec
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
@@ -47,7 +43,8 @@ from .ids import DEFAULT_BUCKET
 from .records import Record
 from .state import AppendRequest, StreamError
 from .subscription_records import SigningKeyAdded, SubscriptionRecord
-from .subscriptions import SigningKey, StateStreams, SubscriptionState, is_public_ip, key_id
+from .subscriptions import SigningKey, StateStreams, SubscriptionState, key_id
+from .webhook_policy import guarded_socket_factory
 
 if TYPE_CHECKING:
     from .service import StreamService
@@ -82,33 +79,12 @@ def signature_header(key: SigningKey, body: bytes, ts_s: int) -> str:
     return f"t={ts_s},kid={key.kid},ed25519={base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
 
 
-class PublicOnlyResolver(AbstractResolver):
-    """Resolves like aiohttp's default, but only to public addresses (``localhost`` only to loopback)."""
-
-    def __init__(self) -> None:
-        self._inner = DefaultResolver()
-
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        dev = host.lower().rstrip(".") == "localhost"
-        allowed = []
-        for r in results:
-            ip = ipaddress.ip_address(r["host"].split("%", 1)[0])
-            if (ip.is_loopback if dev else is_public_ip(ip)):
-                allowed.append(r)
-        if not allowed:
-            raise OSError(f"webhook host {host} resolves to no allowed address")
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
 class SubscriptionDelivery:
     def __init__(self, service: StreamService, *, workers: int = 4, queue_size: int = 1024,
                  timeout_s: float = 10.0, rng: random.Random | None = None) -> None:
         self.service = service
         self.enabled = bool(getattr(service.config, "webhooks", True))
+        self.allow_loopback = bool(getattr(service.config, "webhook_allow_loopback", False))
         self.workers = workers
         self.timeout_s = timeout_s
         self.rng = rng or random.Random()
@@ -154,7 +130,10 @@ class SubscriptionDelivery:
         """The HTTP client, made on first use (a server without webhooks never opens one)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(resolver=PublicOnlyResolver(), limit=64),
+                # Every address is checked as the socket is made: resolved names and literal IPs alike.
+                connector=aiohttp.TCPConnector(
+                    limit=64, socket_factory=guarded_socket_factory(allow_loopback=self.allow_loopback)
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 headers={"User-Agent": "tiered-webhooks"},
                 trust_env=False,
