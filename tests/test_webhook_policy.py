@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -169,7 +170,7 @@ def test_server_refuses_loopback_webhooks_unless_allowed(tmp_path: Path) -> None
     try:
         for url in ("http://127.0.0.1:9/x", "http://localhost:9/x", "https://１２７.０.０.１:18443/", "https://[::127.0.0.1]/",
                     "https://[64:ff9b::a9fe:a9fe]/", "https://[2002:a9fe:a9fe::]/", "https://[fec0::1]/"):
-            raw = ('{"type": "webhook", "streams": ["s"], "webhook": {"url": "%s"}}' % url).encode()
+            raw = json.dumps({"type": "webhook", "streams": ["s"], "webhook": {"url": url}}).encode()
             status, _, answer = request("PUT", srv.url + "/v1/stream/__ds/subscriptions/s1", ct, raw)
             assert status == 400 and b"WEBHOOK_URL_REJECTED" in answer, (url, status, answer)
     finally:
