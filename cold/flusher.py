@@ -256,6 +256,9 @@ class ColdFlusher:
     async def flush_once(self) -> int:
         """One bounded pass; returns how many objects were committed."""
         service = self.service
+        claim = getattr(service, "claim", None)
+        if claim is not None and not await claim.still_held():
+            return 0  # another data dir owns the prefix now: write nothing there
         self._forget_released_damage()
         plans = plan_flush(
             service.state,

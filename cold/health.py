@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .claim import CLAIM_KEY
 from .store import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-PROBE_KEY = "_tiered/probe"
+PROBE_KEY = CLAIM_KEY  # small, and there whenever this server runs
 
 
 @dataclass

@@ -125,6 +125,8 @@ class GcRunner:
         report.objects_released = self.pending_deletions()
 
         due = plan_deletions(state, now, self.grace_ms, self.max_objects)
+        if due and not dry_run and not await self._prefix_held(report):
+            due = []
         if dry_run:
             for key in due:
                 obj = state.cold_objects[key]
@@ -152,6 +154,21 @@ class GcRunner:
             t.last_pass_ms = report.finished_ms
             self.last_report = report
         return report
+
+    async def _prefix_held(self, report: GcReport, *, force: bool = False) -> bool:
+        """Whether this data dir still owns the object-store prefix (nothing is deleted otherwise)."""
+        claim = getattr(self.service, "claim", None)
+        if claim is None:
+            report.errors.append("the object-store prefix is not claimed by this data dir: nothing deleted")
+            return False
+        try:
+            held = await claim.still_held(force=force)
+        except ObjectStoreError as exc:
+            report.errors.append(f"cannot read the prefix claim: {exc}")
+            return False
+        if not held:
+            report.errors.append("the object-store prefix is claimed by another data dir: nothing deleted")
+        return held
 
     async def _retention_advances(self, now: int) -> list[tuple[int, int]]:
         """(uid, new retained offset) for every stream a policy releases data of now.
@@ -197,6 +214,8 @@ class GcRunner:
             return
         # Re-check right before deleting: a key may have become known meanwhile.
         orphans = [k for k in found.orphans if k not in service.state.cold_objects and k not in service.state.copies_in_flight]
+        if orphans and not await self._prefix_held(report, force=True):
+            return  # an orphan here may be another data dir's live object
         if orphans:
             result = await delete_objects(
                 service, service.store, orphans, now, orphan=True, sizes={k: found.orphans[k] for k in orphans}

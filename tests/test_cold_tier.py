@@ -185,7 +185,7 @@ def local_tables(data_dir: Path) -> list[tuple[str, pa.Table]]:
 def s3_tables(endpoint: str, bucket: str, prefix: str) -> list[tuple[str, pa.Table]]:
     client = boto3.client("s3", endpoint_url=endpoint, region_name=s3_server.REGION)
     out = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/data/"):
         for item in page.get("Contents", []):
             body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
             out.append((item["Key"], pq.read_table(pa.BufferReader(body))))

@@ -33,6 +33,8 @@ _HELP = {
     "s3_endpoint": "endpoint URL for S3-compatible stores (MinIO, R2, Ceph...); empty for AWS",
     "s3_region": "S3 region (default from the AWS chain)",
     "s3_path_style": "use path-style addressing (true/false), needed by many S3-compatible stores",
+    "take_over_prefix": "claim the object-store prefix even though another data dir holds it (true/false; only when "
+    "that data dir is gone for good: its objects become orphans here and are deleted after the grace delay)",
     "flush_interval_s": "how often sealed hot data is flushed to the cold tier (default 1)",
     "flush_bytes": "flush early once this many bytes are waiting (default 8 MiB)",
     "cold_object_bytes": "target size of one cold object (default 16 MiB)",
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(config: Config) -> int:
+    from .cold.claim import PrefixClaimed
     from .hot.segment import CorruptSegmentError
     from .server import DataDirLocked, serve
     from .snapshot import SnapshotError
@@ -125,7 +128,7 @@ def _serve(config: Config) -> int:
         pass
     try:
         asyncio.run(serve(config))
-    except (DataDirLocked, CorruptSegmentError, SnapshotError, OSError) as exc:
+    except (DataDirLocked, CorruptSegmentError, SnapshotError, PrefixClaimed, OSError) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -43,6 +43,7 @@ class Config:
     s3_endpoint: str = ""
     s3_region: str = ""
     s3_path_style: bool = False
+    take_over_prefix: bool = False
     flush_interval_s: float = 1.0
     flush_bytes: int = 8 * MiB
     cold_object_bytes: int = 16 * MiB

@@ -18,6 +18,7 @@ from typing import Any
 
 from tiered.cold.backends import open_object_store
 from tiered.cold.chunk_index import ColdDataDamaged
+from tiered.cold.claim import PrefixClaim, load_identity
 from tiered.cold.flusher import ColdFlusher
 from tiered.cold.health import StoreHealth
 from tiered.cold.reader import ColdReader
@@ -122,6 +123,7 @@ class StreamService:
         self.deliveries: SubscriptionDelivery | None = None  # subscription wakes (tiered.webhooks)
         self.integrity_errors = {"hot": 0, "cold": 0}  # reads and copies refused for damage
         self.store_health = StoreHealth()
+        self.claim: PrefixClaim | None = None  # this data dir's claim on the object-store prefix
         self._probe_task: asyncio.Task[None] | None = None
         self.recovered = False
 
@@ -133,6 +135,10 @@ class StreamService:
         self.journal.start()
         c = self.config
         self.store = await open_store(c)
+        identity = load_identity(c.data_path, create=True)
+        assert identity is not None
+        self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()))
+        await self.claim.acquire(take_over=c.take_over_prefix)
         self.cold_reader = ColdReader(self.store, c.read_cache_bytes)
         self.flusher = ColdFlusher(
             self,
@@ -461,7 +467,15 @@ class StreamService:
             "journal": "ok" if self.journal.failed is None else f"failed: {self.journal.failed}",
             "store": self.store_health.as_json(),
         }
-        ready = self.recovered and self.journal.failed is None and self.store_health.reachable is True
+        claim = self.claim
+        if claim is not None and not claim.held:
+            checks["prefix"] = f"claimed by another data dir ({claim.lost_to.identity if claim.lost_to else 'nobody'})"
+        ready = (
+            self.recovered
+            and self.journal.failed is None
+            and self.store_health.reachable is True
+            and (claim is None or claim.held)
+        )
         return ready, checks
 
     async def wait_for_change(self, s: Stream, offset: int, timeout: float) -> bool:
