@@ -244,3 +244,80 @@ def test_service_stop_finishes_with_a_subscription_wakeup_pending(tmp_path: Path
         await asyncio.wait_for(svc.stop(), 3)
 
     asyncio.run(body())
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """Every file and directory under ``root``: path -> sha256 (directories: 'dir')."""
+    import hashlib
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+GC_RECORD_KINDS = {"StreamExpired", "RetentionAdvanced", "HotTrimmed", "ColdDeleteStarted", "ColdDeleteFinished",
+                   "ColdCopyAborted"}
+
+
+def test_offline_commands_with_subscriptions_groups_and_pending_wakes(tmp_path: Path) -> None:
+    """A dry run (and verify) leaves every file byte-identical; a real offline pass appends GC records only."""
+    data = tmp_path / "data"
+    ct = {"Content-Type": "application/json"}
+    srv = ServerProcess(data, "--flush-interval-s", "0.1", "--hot-retention-s", "0", "--gc-grace-s", "0",
+                        "--gc-interval-s", "3600", "--long-poll-timeout-s", "2", "--webhook-allow-loopback", "true",
+                        env={"TIERED_ADMIN_TOKEN": ""}).start()
+    try:
+        populate(srv)
+        assert request("DELETE", srv.url + "/v1/buckets/doomed")[0] == 204  # an object to delete
+        assert request("PUT", srv.url + "/v1/stream/wakes", ct)[0] == 201
+        for sub, body in {
+            "pull": {"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wakes"},
+            # Nothing listens on port 9: the wake stays outstanding, with retries scheduled.
+            "hook": {"type": "webhook", "pattern": "hooks/*", "webhook": {"url": "http://127.0.0.1:9/hook"}},
+        }.items():
+            assert request("PUT", f"{srv.url}/v1/stream/__ds/subscriptions/{sub}", ct, json.dumps(body))[0] == 201
+        assert request("PUT", srv.url + "/v1/groups/g1", ct, json.dumps({"pattern": "jobs/*"}))[0] == 201
+        assert request("POST", srv.url + "/v1/groups/g1/join", ct, json.dumps({"member": "m1", "join_id": "j1"}))[0] == 200
+        for path in ("jobs/1", "hooks/1"):
+            assert request("PUT", f"{srv.url}/v1/stream/{path}", ct, b'{"n": 1}')[0] == 201
+        wait_for(lambda: b"wake" in request("GET", srv.url + "/v1/stream/wakes?offset=-1")[2], "the pull wake")
+        hook = json.loads(request("GET", srv.url + "/v1/stream/__ds/subscriptions/hook")[2])
+        wait_for(lambda: json.loads(request("GET", srv.url + "/v1/stream/__ds/subscriptions/hook")[2])["status"]
+                 == "failed", "a failed webhook delivery")
+        assert hook["streams"]
+        assert request("PUT", srv.url + "/v1/admin/retention/default/kept", OCTET,
+                       json.dumps({"retention_bytes": 0}).encode())[0] == 200
+    finally:
+        assert srv.stop() == 0
+    before = file_hashes(data)
+    records_before = journal_records(data)
+
+    for args in (["gc", "--data-dir", str(data), "--dry-run", "--gc-grace-s", "0"], ["verify", "--data-dir", str(data)]):
+        done = tiered(*args)
+        assert done.returncode == 0, done
+        assert file_hashes(data) == before, f"{args[0]} changed the data dir"
+    assert "DRY RUN: nothing was changed" in tiered("gc", "--data-dir", str(data), "--dry-run").stdout
+
+    done = tiered("gc", "--data-dir", str(data), "--gc-grace-s", "0")
+    assert done.returncode == 0, done
+    rows = report_rows(done.stdout)
+    assert rows["objects deleted"] == 2 and rows["retention advanced (streams)"] == 1, done.stdout
+    after = file_hashes(data)
+    changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
+    assert changed <= {"LOCK", "hot", *(p for p in changed if p.startswith("hot/") or p.startswith("cold/"))}, changed
+    assert not any(p.startswith("snapshots/") for p in changed), "an offline pass writes no snapshot"
+    new_records = journal_records(data)[len(records_before):]
+    assert journal_records(data)[: len(records_before)] == records_before
+    assert new_records and {type(r).__name__ for r in new_records} <= GC_RECORD_KINDS, new_records
+
+
+def test_offline_commands_refuse_a_missing_data_dir(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent" / "y"
+    for args in (["verify", "--data-dir", str(missing)], ["gc", "--data-dir", str(missing)],
+                 ["gc", "--data-dir", str(missing), "--dry-run"]):
+        done = tiered(*args)
+        assert done.returncode == 2, (args, done)
+        assert "does not exist" in done.stderr
+        assert not (tmp_path / "nonexistent").exists(), f"{args[0]} created the data dir"

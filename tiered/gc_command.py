@@ -34,11 +34,11 @@ def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:
 
 async def _offline_pass(config: Config, dry_run: bool, out: TextIO) -> dict[str, Any]:
     lock = DataDirLock(config.data_path)
-    lock.acquire()
+    lock.acquire(shared=dry_run)
     service = StreamService(config)
     try:
         _steps_bar(out, "recovering metadata", 0, 3)
-        await service.start(run_flusher=False)
+        await service.open_offline(dry_run=dry_run)
         _steps_bar(out, "running the GC pass", 1, 3)
         assert service.gc is not None
         if not dry_run and service.flusher is not None:
@@ -48,7 +48,7 @@ async def _offline_pass(config: Config, dry_run: bool, out: TextIO) -> dict[str,
         _steps_bar(out, "done", 3, 3)
         return report.to_json()
     finally:
-        await service.stop()
+        await service.close_offline(dry_run=dry_run)
         lock.release()
 
 
@@ -88,6 +88,9 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
 
 
 def run_gc_command(config: Config, url: str | None, dry_run: bool) -> int:
+    if not url and not config.data_path.is_dir():
+        print(f"tiered gc: data dir {config.data_path} does not exist (or use --url for a running server)", file=sys.stderr)
+        return 2
     try:
         if url:
             report = _online_pass(url, config.admin_token(), dry_run)

@@ -126,12 +126,13 @@ class StreamService:
         self.claim: PrefixClaim | None = None  # this data dir's claim on the object-store prefix
         self._probe_task: asyncio.Task[None] | None = None
         self.recovered = False
+        self.offline = False  # an offline command: nothing but its own records is written
 
     # ------------------------------------------------------------- lifecycle
 
     async def start(self, *, run_flusher: bool = True) -> None:
-        loop = asyncio.get_running_loop()
-        self.state = await loop.run_in_executor(None, lambda: self.journal.recover(new_state=new_state))
+        """Everything ``tiered serve`` runs: recovery, the prefix claim, background jobs, deliveries."""
+        await self._recover(read_only=False)
         self.journal.start()
         c = self.config
         self.store = await open_store(c)
@@ -139,6 +140,59 @@ class StreamService:
         assert identity is not None
         self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()))
         await self.claim.acquire(take_over=c.take_over_prefix)
+        self._compose_cold()
+        self.recovered = True
+        if run_flusher:
+            assert self.flusher is not None and self.gc is not None
+            self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
+            self._gc_task = asyncio.create_task(self.gc.run_forever(), name="gc")
+            probe_timeout = min(c.store_probe_interval_s, c.cold_read_timeout_s)
+            self._probe_task = asyncio.create_task(
+                self.store_health.probe_forever(self.store, c.store_probe_interval_s, probe_timeout), name="store-probe"
+            )
+        # Subscriptions: fence wakes outstanding before a restart, then deliver in the background.
+        self.deliveries = SubscriptionDelivery(self)
+        await self.deliveries.start()
+
+    async def open_offline(self, *, dry_run: bool) -> None:
+        """What an offline GC pass needs, and nothing else.
+
+        A dry run opens the data dir and the store read-only (no journal writer,
+        no claim written, no deliveries, no snapshot at close). A real pass starts
+        the journal for GC records only; it checks the prefix claim but never
+        writes it, so an orphan is deleted only under a prefix this data dir owns.
+        """
+        self.offline = True
+        await self._recover(read_only=dry_run)
+        if not dry_run:
+            self.journal.start()
+        c = self.config
+        self.store = await open_store(c, read_only=dry_run)
+        identity = load_identity(c.data_path, create=False)
+        if identity is not None:
+            self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()))
+            owner = await self.claim.current()
+            self.claim.held = owner is not None and owner.identity == identity
+        self._compose_cold()
+        self.recovered = True
+
+    async def close_offline(self, *, dry_run: bool) -> None:
+        if dry_run:
+            self.journal.log.close()
+        else:
+            await self.journal.close(None)  # no snapshot: an offline pass writes GC records only
+        if self.store is not None:
+            await self.store.close()
+
+    async def _recover(self, *, read_only: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self.state = await loop.run_in_executor(
+            None, lambda: self.journal.recover(read_only=read_only, new_state=new_state)
+        )
+
+    def _compose_cold(self) -> None:
+        c = self.config
+        assert self.store is not None
         self.cold_reader = ColdReader(self.store, c.read_cache_bytes)
         self.flusher = ColdFlusher(
             self,
@@ -155,17 +209,6 @@ class StreamService:
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
         )
-        self.recovered = True
-        if run_flusher:
-            self._flusher_task = asyncio.create_task(self.flusher.run(), name="cold-flusher")
-            self._gc_task = asyncio.create_task(self.gc.run_forever(), name="gc")
-            probe_timeout = min(c.store_probe_interval_s, c.cold_read_timeout_s)
-            self._probe_task = asyncio.create_task(
-                self.store_health.probe_forever(self.store, c.store_probe_interval_s, probe_timeout), name="store-probe"
-            )
-        # Subscriptions: fence wakes outstanding before a restart, then deliver in the background.
-        self.deliveries = SubscriptionDelivery(self)
-        await self.deliveries.start()
 
     @property
     def subscriptions(self) -> SubscriptionState:
@@ -310,7 +353,7 @@ class StreamService:
                 log_.delete_segment(sid)
                 deleted += 1
         self.segments_deleted_last = deleted
-        if deleted < len(unreferenced) and time.monotonic() - self._last_segment_snapshot > 10:
+        if deleted < len(unreferenced) and not self.offline and time.monotonic() - self._last_segment_snapshot > 10:
             # Replay still starts before them: a fresh snapshot moves the floor on.
             self._last_segment_snapshot = time.monotonic()
             await self.journal.snapshot(self.state)
