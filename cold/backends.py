@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from .localdir import LocalDirStore
 from .retry import RetryPolicy
-from .s3 import S3Store
+from .s3 import AddressingStyle, ChecksumMode, S3Store
 from .store import ObjectStore, ReadOnlyStore
 
 
@@ -19,6 +20,10 @@ async def open_object_store(
     s3_endpoint: str = "",
     s3_region: str = "",
     s3_path_style: bool = False,
+    s3_addressing_style: str = "",
+    s3_checksum_mode: str = "",
+    s3_ca_bundle: str = "",
+    s3_probe_conditional_writes: bool = False,
     multipart_threshold: int = 64 * 1024 * 1024,
     read_only: bool = False,
 ) -> ObjectStore:
@@ -27,6 +32,16 @@ async def open_object_store(
     S3 credentials come only from the standard AWS chain (environment,
     shared profile, instance or task role), never from arguments.
     ``read_only`` (verify, dry runs) creates nothing and refuses writes.
+
+    S3-compatible stores: ``s3_endpoint``, ``s3_addressing_style`` ("path",
+    "virtual", "auto"; ``s3_path_style=True`` is "path"), ``s3_ca_bundle``
+    (a PEM file of CAs for a private TLS certificate) and ``s3_checksum_mode``
+    ("when_required", "when_supported"; see `S3Store`). An empty string
+    means the default (S3Store validates the values). With
+    ``s3_probe_conditional_writes`` (ignored when ``read_only``, which must
+    write nothing) the store is checked once here: a store that silently
+    ignores ``If-None-Match``/``If-Match`` raises ``ConditionalWritesUnsupported``
+    instead of being used (see `S3Store.probe_conditional_writes`).
     """
     if kind == "local":
         if not read_only:
@@ -39,6 +54,9 @@ async def open_object_store(
             endpoint_url=s3_endpoint or None,
             region=s3_region or None,
             path_style=s3_path_style,
+            addressing_style=cast(AddressingStyle, s3_addressing_style) if s3_addressing_style else None,
+            checksum_mode=cast(ChecksumMode, s3_checksum_mode) if s3_checksum_mode else None,
+            ca_bundle=s3_ca_bundle or None,
             # Bounded so a silent endpoint turns into a 503 in about 30 s, not minutes.
             connect_timeout=3.0,
             read_timeout=8.0,
@@ -47,5 +65,13 @@ async def open_object_store(
             multipart_threshold=multipart_threshold,
         )
         opened = await store.open()
-        return ReadOnlyStore(opened) if read_only else opened
+        if read_only:
+            return ReadOnlyStore(opened)
+        if s3_probe_conditional_writes:
+            try:
+                await opened.probe_conditional_writes()
+            except BaseException:
+                await opened.close()
+                raise
+        return opened
     raise ValueError(f"unknown object store {kind!r}; use 'local' or 's3'")
