@@ -1,0 +1,68 @@
+variable "region" {
+  type        = string
+  description = "AWS region to deploy into."
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-[a-z]+)+-[0-9]$", var.region))
+    error_message = "region must look like eu-west-1."
+  }
+}
+
+variable "name" {
+  type        = string
+  description = "Name of the tiered node (prefix of every resource name)."
+  default     = "tiered"
+}
+
+variable "subnet_id" {
+  type        = string
+  description = "Private subnet for the node (with a NAT gateway or VPC endpoints for S3, SSM, CloudWatch, KMS and EC2)."
+}
+
+variable "s3_prefix" {
+  type        = string
+  description = "Key prefix of this node's cold objects in the bucket."
+  default     = "tiered"
+}
+
+variable "allowed_cidrs" {
+  type        = list(string)
+  description = "CIDRs allowed to reach the service port."
+  default     = []
+}
+
+variable "allowed_security_group_ids" {
+  type        = list(string)
+  description = "Security groups (e.g. a load balancer's) allowed to reach the service port."
+  default     = []
+}
+
+variable "tiered_package" {
+  type        = string
+  description = "PyPI project name or wheel URL of tiered."
+  default     = "tiered"
+}
+
+variable "tiered_version" {
+  type        = string
+  description = "Version of tiered to install from PyPI."
+  default     = "0.1.0"
+}
+
+variable "hot_volume_size_gib" {
+  type        = number
+  description = "Size of the hot EBS volume."
+  default     = 100
+}
+
+variable "noncurrent_version_expiration_days" {
+  type        = number
+  description = "Days before deleted cold objects are physically removed from the bucket."
+  default     = 7
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Extra tags for every resource."
+  default     = {}
+}

@@ -1,0 +1,454 @@
+# ---------------------------------------------------------------- general
+
+variable "name" {
+  type        = string
+  description = "Name of this tiered node; prefixes every resource name (bucket prefix, IAM role, ASG, alarms, log groups)."
+  default     = "tiered"
+
+  validation {
+    # 24 characters leaves room for the suffixes the S3 bucket_prefix (37 max) and IAM role names add.
+    condition     = can(regex("^[a-z][a-z0-9-]{1,22}[a-z0-9]$", var.name))
+    error_message = "name must be 3-24 characters of a-z, 0-9 and '-', start with a letter and not end with '-'."
+  }
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Tags added to every resource the module creates (on top of the provider's default_tags)."
+  default     = {}
+}
+
+# ---------------------------------------------------------------- network
+
+variable "subnet_id" {
+  type        = string
+  description = "The one subnet (and so the one availability zone) the node and its hot volume live in. A private subnet with a NAT gateway or VPC endpoints is expected; the instance gets no public IP."
+
+  validation {
+    condition     = can(regex("^subnet-[0-9a-f]{8,17}$", var.subnet_id))
+    error_message = "subnet_id must look like subnet-0123456789abcdef0."
+  }
+}
+
+variable "allowed_cidrs" {
+  type        = list(string)
+  description = "IPv4 CIDRs allowed to reach the service port (clients, a VPN range). Never 0.0.0.0/0: put a load balancer in front for public access and list its security group in allowed_security_group_ids."
+  default     = []
+
+  validation {
+    condition     = alltrue([for c in var.allowed_cidrs : can(cidrhost(c, 0)) && !startswith(c, "0.0.0.0/")])
+    error_message = "allowed_cidrs must be IPv4 CIDRs and must not include 0.0.0.0/0 (or any 0.0.0.0/n)."
+  }
+}
+
+variable "allowed_security_group_ids" {
+  type        = list(string)
+  description = "Security groups (e.g. a load balancer's) allowed to reach the service port."
+  default     = []
+
+  validation {
+    condition     = alltrue([for s in var.allowed_security_group_ids : can(regex("^sg-[0-9a-f]{8,17}$", s))])
+    error_message = "allowed_security_group_ids must be security group ids (sg-...)."
+  }
+}
+
+variable "egress_https_cidrs" {
+  type        = list(string)
+  description = "Destinations the instance may reach on TCP 443 besides S3 (which is always allowed through its AWS prefix list): SSM, CloudWatch, KMS and EC2 APIs, the Amazon Linux package repository and PyPI at boot. The default 0.0.0.0/0 is needed unless the VPC has interface endpoints for all of those and a package mirror; see README.md."
+  default     = ["0.0.0.0/0"]
+
+  validation {
+    condition     = alltrue([for c in var.egress_https_cidrs : can(cidrhost(c, 0))])
+    error_message = "egress_https_cidrs must be IPv4 CIDRs."
+  }
+}
+
+variable "target_group_arns" {
+  type        = list(string)
+  description = "Existing load balancer target groups (instance targets on the service port) to register the node in. Give them a health check on GET /readyz."
+  default     = []
+
+  validation {
+    condition     = alltrue([for t in var.target_group_arns : can(regex("^arn:aws[a-z-]*:elasticloadbalancing:", t))])
+    error_message = "target_group_arns must be target group ARNs."
+  }
+}
+
+# ---------------------------------------------------------------- compute
+
+variable "instance_type" {
+  type        = string
+  description = "EC2 instance type. Must match architecture (e.g. m6i.large for x86_64, m7g.large for arm64) and be EBS-optimized (every current generation is)."
+  default     = "m6i.large"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", var.instance_type))
+    error_message = "instance_type must look like m6i.large."
+  }
+}
+
+variable "architecture" {
+  type        = string
+  description = "CPU architecture of instance_type; selects the Amazon Linux 2023 AMI when ami_id is empty."
+  default     = "x86_64"
+
+  validation {
+    condition     = contains(["x86_64", "arm64"], var.architecture)
+    error_message = "architecture must be x86_64 or arm64."
+  }
+}
+
+variable "ami_id" {
+  type        = string
+  description = "AMI to run; empty for the latest Amazon Linux 2023 (the user data expects dnf, systemd >= 250, awscli v2 and the SSM agent, as on AL2023). Pin it in production so an AMI release does not replace the instance on the next apply."
+  default     = ""
+
+  validation {
+    condition     = var.ami_id == "" || can(regex("^ami-[0-9a-f]{8,17}$", var.ami_id))
+    error_message = "ami_id must be empty or look like ami-0123456789abcdef0."
+  }
+}
+
+variable "root_volume_size_gib" {
+  type        = number
+  description = "Size of the (encrypted, gp3) root volume. It holds the OS and tiered's virtualenv only; data lives on the hot volume."
+  default     = 16
+
+  validation {
+    condition     = var.root_volume_size_gib >= 8 && var.root_volume_size_gib <= 1024
+    error_message = "root_volume_size_gib must be between 8 and 1024."
+  }
+}
+
+variable "hot_volume_size_gib" {
+  type        = number
+  description = "Size of the gp3 hot volume (hot segments, journal, snapshots). It must hold max_hot_bytes of unflushed data plus hot_retention and snapshots."
+  default     = 100
+
+  validation {
+    condition     = var.hot_volume_size_gib >= 10 && var.hot_volume_size_gib <= 16384
+    error_message = "hot_volume_size_gib must be between 10 and 16384."
+  }
+}
+
+variable "hot_volume_iops" {
+  type        = number
+  description = "Provisioned IOPS of the hot volume (gp3: 3000 included, up to 16000). Appends are fsynced, so IOPS bound the commit rate."
+  default     = 3000
+
+  validation {
+    condition     = var.hot_volume_iops >= 3000 && var.hot_volume_iops <= 16000
+    error_message = "hot_volume_iops must be between 3000 and 16000 (gp3)."
+  }
+}
+
+variable "hot_volume_throughput_mibps" {
+  type        = number
+  description = "Provisioned throughput of the hot volume in MiB/s (gp3: 125 included, up to 1000)."
+  default     = 125
+
+  validation {
+    condition     = var.hot_volume_throughput_mibps >= 125 && var.hot_volume_throughput_mibps <= 1000
+    error_message = "hot_volume_throughput_mibps must be between 125 and 1000 (gp3)."
+  }
+}
+
+variable "hot_volume_final_snapshot" {
+  type        = bool
+  description = "Snapshot the hot volume before Terraform deletes it. It holds the journal: acknowledged writes not yet flushed to S3 exist nowhere else."
+  default     = true
+}
+
+variable "ebs_kms_key_arn" {
+  type        = string
+  description = "Customer-managed KMS key for the root and hot volumes; empty for the AWS-managed aws/ebs key. The key policy must let the AWSServiceRoleForAutoScaling service-linked role use it (root volumes) - see README.md."
+  default     = ""
+
+  validation {
+    condition     = var.ebs_kms_key_arn == "" || can(regex("^arn:aws[a-z-]*:kms:", var.ebs_kms_key_arn))
+    error_message = "ebs_kms_key_arn must be empty or a KMS key ARN."
+  }
+}
+
+variable "volume_attach_timeout_s" {
+  type        = number
+  description = "How long a new instance waits for the hot volume to become available (the instance it replaces must release it first) before giving up and not starting tiered."
+  default     = 900
+
+  validation {
+    condition     = var.volume_attach_timeout_s >= 60 && var.volume_attach_timeout_s <= 3600
+    error_message = "volume_attach_timeout_s must be between 60 and 3600."
+  }
+}
+
+# ---------------------------------------------------------------- tiered
+
+variable "tiered_package" {
+  type        = string
+  description = "What pip installs: a PyPI project name (pinned to tiered_version), or a URL or path of a wheel (then tiered_version is ignored)."
+  default     = "tiered"
+
+  validation {
+    condition     = length(var.tiered_package) > 0 && !can(regex("[\\s'\"$`\\\\]", var.tiered_package))
+    error_message = "tiered_package must be non-empty and contain no whitespace, quotes, '$', '`' or backslashes."
+  }
+}
+
+variable "tiered_version" {
+  type        = string
+  description = "Version of tiered_package to install from PyPI (an exact version: the instance replacement must install the same code)."
+  default     = "0.1.0"
+
+  validation {
+    condition     = can(regex("^[0-9]+(\\.[0-9]+)*([a-z0-9.+-]*)$", var.tiered_version))
+    error_message = "tiered_version must be a version such as 0.1.0."
+  }
+}
+
+variable "port" {
+  type        = number
+  description = "TCP port tiered listens on (all interfaces: reachable only as the security group allows)."
+  default     = 4437
+
+  validation {
+    condition     = var.port >= 1024 && var.port <= 65535
+    error_message = "port must be between 1024 and 65535."
+  }
+}
+
+variable "s3_prefix" {
+  type        = string
+  description = "Key prefix for this node's cold objects in the bucket (no leading or trailing '/'). The instance role may touch only keys under it. One tiered data dir per prefix."
+  default     = "tiered"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$", var.s3_prefix)) && length(var.s3_prefix) <= 200
+    error_message = "s3_prefix must be '/'-separated segments of A-Z, a-z, 0-9, '.', '_' and '-', with no leading or trailing '/'."
+  }
+}
+
+variable "fsync" {
+  type        = string
+  description = "tiered's fsync mode: 'always' (acknowledge after fdatasync; survives power loss) or 'interval'."
+  default     = "always"
+
+  validation {
+    condition     = contains(["always", "interval"], var.fsync)
+    error_message = "fsync must be 'always' or 'interval'."
+  }
+}
+
+variable "max_hot_bytes" {
+  type        = number
+  description = "Cap on bytes held only in the hot tier (beyond it appends get 503). Null: half the hot volume."
+  default     = null
+
+  validation {
+    condition     = var.max_hot_bytes == null ? true : var.max_hot_bytes >= 1048576
+    error_message = "max_hot_bytes must be null or at least 1 MiB."
+  }
+}
+
+variable "log_level" {
+  type        = string
+  description = "tiered's log level."
+  default     = "info"
+
+  validation {
+    condition     = contains(["debug", "info", "warning", "error"], var.log_level)
+    error_message = "log_level must be debug, info, warning or error."
+  }
+}
+
+variable "public_url" {
+  type        = string
+  description = "Base URL clients reach tiered at (a load balancer's), used for subscription callback and JWKS URLs; empty: taken from each request."
+  default     = ""
+
+  validation {
+    condition     = var.public_url == "" || can(regex("^https?://[^\\s\"'\\\\]+$", var.public_url))
+    error_message = "public_url must be empty or an http(s) URL without quotes or whitespace."
+  }
+}
+
+variable "gc_timer_interval" {
+  type        = string
+  description = "How often the systemd timer runs `tiered gc --url` against the local server (a systemd time span, e.g. 15min, 1h)."
+  default     = "15min"
+
+  validation {
+    condition     = can(regex("^[0-9]+(s|min|h|d)$", var.gc_timer_interval))
+    error_message = "gc_timer_interval must be a number followed by s, min, h or d (e.g. 15min)."
+  }
+}
+
+# ---------------------------------------------------------------- bucket
+
+variable "bucket_name" {
+  type        = string
+  description = "Name of the cold-tier bucket; empty for a generated '<name>-cold-<random>' name."
+  default     = ""
+
+  validation {
+    condition     = var.bucket_name == "" || can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.bucket_name))
+    error_message = "bucket_name must be empty or a valid S3 bucket name."
+  }
+}
+
+variable "s3_kms_key_arn" {
+  type        = string
+  description = "Customer-managed KMS key for the bucket's default encryption (SSE-KMS, with an S3 bucket key); empty for SSE-S3. With a key, the instance role gets kms:GenerateDataKey and kms:Decrypt on it."
+  default     = ""
+
+  validation {
+    condition     = var.s3_kms_key_arn == "" || can(regex("^arn:aws[a-z-]*:kms:", var.s3_kms_key_arn))
+    error_message = "s3_kms_key_arn must be empty or a KMS key ARN."
+  }
+}
+
+variable "noncurrent_version_expiration_days" {
+  type        = number
+  description = "Days a deleted or overwritten object version is kept before S3 expires it. Data tiered's GC deletes (and erased buckets) physically disappear only after this; it is also the window to recover from an accidental delete."
+  default     = 7
+
+  validation {
+    condition     = var.noncurrent_version_expiration_days >= 1 && var.noncurrent_version_expiration_days <= 3650
+    error_message = "noncurrent_version_expiration_days must be between 1 and 3650."
+  }
+}
+
+variable "abort_incomplete_multipart_upload_days" {
+  type        = number
+  description = "Days after which S3 aborts multipart uploads a crash left incomplete (their parts are billed until then)."
+  default     = 1
+
+  validation {
+    condition     = var.abort_incomplete_multipart_upload_days >= 1 && var.abort_incomplete_multipart_upload_days <= 365
+    error_message = "abort_incomplete_multipart_upload_days must be between 1 and 365."
+  }
+}
+
+# ---------------------------------------------------------------- admin token
+
+variable "admin_token_parameter_name" {
+  type        = string
+  description = "Name of an existing SSM SecureString parameter holding the admin token; empty: the module creates '/<name>/admin-token' from a random password."
+  default     = ""
+
+  validation {
+    condition     = var.admin_token_parameter_name == "" || can(regex("^/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", var.admin_token_parameter_name))
+    error_message = "admin_token_parameter_name must be empty or a valid SSM parameter name."
+  }
+}
+
+variable "admin_token_kms_key_arn" {
+  type        = string
+  description = "Customer-managed KMS key of the admin-token SecureString (created or referenced); empty for the AWS-managed aws/ssm key. With a key, the instance role gets kms:Decrypt on it (via SSM only)."
+  default     = ""
+
+  validation {
+    condition     = var.admin_token_kms_key_arn == "" || can(regex("^arn:aws[a-z-]*:kms:", var.admin_token_kms_key_arn))
+    error_message = "admin_token_kms_key_arn must be empty or a KMS key ARN."
+  }
+}
+
+variable "iam_permissions_boundary_arn" {
+  type        = string
+  description = "Permissions boundary to set on the instance role, where the organisation requires one; empty for none."
+  default     = ""
+
+  validation {
+    condition     = var.iam_permissions_boundary_arn == "" || can(regex("^arn:aws[a-z-]*:iam::", var.iam_permissions_boundary_arn))
+    error_message = "iam_permissions_boundary_arn must be empty or an IAM policy ARN."
+  }
+}
+
+# ---------------------------------------------------------------- monitoring
+
+variable "metrics_namespace" {
+  type        = string
+  description = "CloudWatch namespace for the node's metrics (disk use from the CloudWatch agent and tiered's Prometheus metrics)."
+  default     = "Tiered"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9/_.#:-]{1,255}$", var.metrics_namespace)) && !startswith(var.metrics_namespace, "AWS/")
+    error_message = "metrics_namespace must be 1-255 characters of A-Z, a-z, 0-9, /_.#:- and must not start with AWS/."
+  }
+}
+
+variable "alarm_sns_topic_arn" {
+  type        = string
+  description = "Existing SNS topic for alarm notifications; empty: the module creates one (subscribe to it yourself)."
+  default     = ""
+
+  validation {
+    condition     = var.alarm_sns_topic_arn == "" || can(regex("^arn:aws[a-z-]*:sns:", var.alarm_sns_topic_arn))
+    error_message = "alarm_sns_topic_arn must be empty or an SNS topic ARN."
+  }
+}
+
+variable "alarm_sns_kms_key_arn" {
+  type        = string
+  description = "Customer-managed KMS key to encrypt the module's SNS topic with (its key policy must allow cloudwatch.amazonaws.com kms:Decrypt and kms:GenerateDataKey*); empty: unencrypted, because CloudWatch cannot publish to a topic under the AWS-managed aws/sns key."
+  default     = ""
+
+  validation {
+    condition     = var.alarm_sns_kms_key_arn == "" || can(regex("^arn:aws[a-z-]*:kms:", var.alarm_sns_kms_key_arn))
+    error_message = "alarm_sns_kms_key_arn must be empty or a KMS key ARN."
+  }
+}
+
+variable "log_retention_days" {
+  type        = number
+  description = "Retention of the CloudWatch log group holding the scraped Prometheus metrics (embedded metric format)."
+  default     = 30
+
+  validation {
+    condition     = contains([1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653], var.log_retention_days)
+    error_message = "log_retention_days must be a retention CloudWatch Logs accepts (1, 3, 5, 7, 14, 30, 60, 90, ...)."
+  }
+}
+
+variable "disk_used_alarm_percent" {
+  type        = number
+  description = "Alarm when the hot volume's file system is fuller than this (percent)."
+  default     = 80
+
+  validation {
+    condition     = var.disk_used_alarm_percent > 0 && var.disk_used_alarm_percent < 100
+    error_message = "disk_used_alarm_percent must be between 0 and 100."
+  }
+}
+
+variable "hot_bytes_alarm_percent" {
+  type        = number
+  description = "Alarm when unflushed hot bytes (tiered_hot_bytes) exceed this percentage of max_hot_bytes, where appends start getting 503."
+  default     = 50
+
+  validation {
+    condition     = var.hot_bytes_alarm_percent > 0 && var.hot_bytes_alarm_percent < 100
+    error_message = "hot_bytes_alarm_percent must be between 0 and 100."
+  }
+}
+
+variable "append_5xx_alarm_percent" {
+  type        = number
+  description = "Alarm when more than this percentage of appends answer 5xx over 5 minutes."
+  default     = 1
+
+  validation {
+    condition     = var.append_5xx_alarm_percent > 0 && var.append_5xx_alarm_percent <= 100
+    error_message = "append_5xx_alarm_percent must be in (0, 100]."
+  }
+}
+
+variable "append_latency_alarm_seconds" {
+  type        = number
+  description = "Alarm when the mean append latency (tiered_append_seconds sum / count) exceeds this over 5 minutes."
+  default     = 0.25
+
+  validation {
+    condition     = var.append_latency_alarm_seconds > 0
+    error_message = "append_latency_alarm_seconds must be positive."
+  }
+}
