@@ -13,7 +13,8 @@ Servers (``--servers``, comma separated, default ``ref-file,tiered``):
 
 * ``ref-file`` – the protocol's reference server (Node) with ``DATA_DIR`` set:
   file-backed, fsync on every append.  Started with
-  ``/work/shared/conformance/reference.sh`` (``--reference-script``).
+  ``--reference-script``, else ``$DS_REFERENCE_SCRIPT``, else
+  ``../shared/conformance/reference.sh`` next to the repository checkout.
 * ``tiered`` – ``tiered serve --host 127.0.0.1 --port P --data-dir D``
   (``--tiered-cmd``), default durability settings (fsync on).
 * ``ref-mem`` – the reference server in memory (no ``DATA_DIR``); add it with
@@ -68,7 +69,11 @@ from run import (  # noqa: E402  (needs the sys.path entry above)
     run_benchmark,
 )
 
-DEFAULT_REFERENCE_SCRIPT = os.environ.get("DS_REFERENCE_SCRIPT", "/work/shared/conformance/reference.sh")
+# The protocol's reference server ships beside the checkout, not inside it.
+REPO_RELATIVE_REFERENCE = "../shared/conformance/reference.sh"
+DEFAULT_REFERENCE_SCRIPT = os.environ.get(
+    "DS_REFERENCE_SCRIPT", str(Path(__file__).resolve().parent.parent / REPO_RELATIVE_REFERENCE)
+)
 SERVER_LABELS = {
     "ref-file": "reference (file)",
     "tiered": "tiered (fsync)",
@@ -470,7 +475,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--reference-script",
         default=DEFAULT_REFERENCE_SCRIPT,
-        help=f"reference server launcher (default {DEFAULT_REFERENCE_SCRIPT}; env DS_REFERENCE_SCRIPT)",
+        help=f"reference server launcher (env DS_REFERENCE_SCRIPT, else {REPO_RELATIVE_REFERENCE} relative to the repository)",
     )
     parser.add_argument(
         "--tiered-cmd", default="tiered serve", help="command that starts tiered (default 'tiered serve')"

@@ -112,5 +112,3 @@ class ChunkIndex(msgspec.Struct, frozen=True, array_like=True):
 
 def _stream_key(entry: StreamIndex) -> tuple[str, str]:
     return (entry.bucket, entry.stream)
-
-

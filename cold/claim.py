@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+
+from tiered.clock import Clock, SystemClock
 
 from .store import ObjectExists, ObjectNotFound, ObjectStore
 
@@ -72,13 +73,14 @@ class PrefixClaim:
     identity: str
     data_dir: str
     recheck_s: float = 10.0
+    clock: Clock = field(default_factory=SystemClock)
     held: bool = False
     lost_to: ClaimBody | None = None
     _checked_at: float = 0.0
 
     def _body(self) -> bytes:
         return msgspec.json.encode(
-            ClaimBody(self.identity, self.data_dir, socket.gethostname(), int(time.time() * 1000))
+            ClaimBody(self.identity, self.data_dir, socket.gethostname(), self.clock.now_ms())
         )
 
     async def current(self) -> ClaimBody | None:
@@ -87,7 +89,9 @@ class PrefixClaim:
         except ObjectNotFound:
             return None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise PrefixClaimed(f"the claim object {CLAIM_KEY} is not readable ({exc}); refusing to guess") from None
+            raise PrefixClaimed(
+                f"the claim object {CLAIM_KEY} is not readable ({exc}); refusing to guess"
+            ) from None
 
     async def acquire(self, *, take_over: bool = False) -> None:
         """Claim the prefix, or raise ``PrefixClaimed`` naming the owner and the way out."""
@@ -103,28 +107,33 @@ class PrefixClaim:
                         "objects. Point this server at its own prefix (--s3-prefix), or, if that data dir is gone "
                         "for good, start once with --take-over-prefix (its objects become orphans here)."
                     ) from None
-                log.warning("taking over the object-store prefix from identity %s (data dir %s on %s)",
-                            owner.identity, owner.data_dir, owner.host)
+                log.warning(
+                    "taking over the object-store prefix from identity %s (data dir %s on %s)",
+                    owner.identity,
+                    owner.data_dir,
+                    owner.host,
+                )
                 await self.store.put(CLAIM_KEY, self._body(), if_none_match=False)
             elif owner is None:  # deleted between our PUT and GET
                 await self.store.put(CLAIM_KEY, self._body(), if_none_match=True)
         self.held, self.lost_to = True, None
-        self._checked_at = time.monotonic()
+        self._checked_at = self.clock.monotonic()
         log.info("claimed the object-store prefix for data dir identity %s", self.identity)
 
     async def still_held(self, *, force: bool = False) -> bool:
         """Whether the claim is still ours (reads it at most every ``recheck_s`` unless ``force``)."""
         if not self.held:
             return False
-        if not force and time.monotonic() - self._checked_at < self.recheck_s:
+        if not force and self.clock.monotonic() - self._checked_at < self.recheck_s:
             return True
         owner = await self.current()
-        self._checked_at = time.monotonic()
+        self._checked_at = self.clock.monotonic()
         if owner is None or owner.identity != self.identity:
             self.held, self.lost_to = False, owner
             log.critical(
                 "the object-store prefix is no longer claimed by this data dir (now: %s); this server stops "
-                "writing and deleting there", owner.identity if owner else "nobody",
+                "writing and deleting there",
+                owner.identity if owner else "nobody",
             )
             return False
         return True

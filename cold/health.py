@@ -47,7 +47,12 @@ class StoreHealth:
 
     def as_json(self) -> dict[str, object]:
         age = None if self.last_ok is None else round(self.clock() - self.last_ok, 3)
-        return {"reachable": self.reachable, "seconds_since_ok": age, "last_error": self.last_error, "stalls": self.stalls}
+        return {
+            "reachable": self.reachable,
+            "seconds_since_ok": age,
+            "last_error": self.last_error,
+            "stalls": self.stalls,
+        }
 
     async def probe(self, store: ObjectStore, timeout_s: float) -> bool:
         """One bounded HEAD; records and returns whether the store answered."""

@@ -219,7 +219,8 @@ def _write_parquet(rows: Sequence[ColdRecord], groups: Iterable[tuple[int, int]]
         writer.add_key_value_metadata({FORMAT_KEY: FORMAT_VERSION})
     finally:
         writer.close()
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def _group_table(rows: Sequence[ColdRecord]) -> pa.Table:
@@ -283,7 +284,7 @@ def _footer_length(data: bytes) -> int:
     if len(data) < 2 * len(_MAGIC) + _TRAILER or data[-4:] != _MAGIC:
         raise ValueError("not a Parquet file")
     (meta_len,) = struct.unpack("<I", data[-_TRAILER:-4])
-    return meta_len + _TRAILER
+    return int(meta_len) + _TRAILER
 
 
 def _row_group_span(rg: pq.RowGroupMetaData, data: bytes) -> RowGroupSpan:
@@ -435,8 +436,10 @@ def _segment_table(pf: pq.ParquetFile, rng: ChunkRange) -> pa.Table:
     # Served bytes are sliced by position, so the payloads must add up to the offsets exactly.
     payload_bytes = sum(int(offsets[-1] - offsets[0]) for _, offsets, _ in _payload_chunks(rng, table))
     if payload_bytes != rng.end_offset - rng.start_offset:
-        raise ValueError(f"payloads of row group {rng.row_group} hold {payload_bytes} bytes for their offsets' "
-                         f"{rng.end_offset - rng.start_offset}")
+        raise ValueError(
+            f"payloads of row group {rng.row_group} hold {payload_bytes} bytes for their offsets' "
+            f"{rng.end_offset - rng.start_offset}"
+        )
     return table
 
 
@@ -507,7 +510,9 @@ async def _fetch_exact(fetch: Fetch, start: int, end: int, object_key: Hashable 
     data = memoryview(await fetch(start, end))
     if len(data) != end - start:
         # The object is shorter than it was written (transport truncation is the store's to retry).
-        raise ColdDataDamaged(object_key, f"ranged GET [{start}, {end}) returned {len(data)} bytes, expected {end - start}")
+        raise ColdDataDamaged(
+            object_key, f"ranged GET [{start}, {end}) returned {len(data)} bytes, expected {end - start}"
+        )
     return data
 
 

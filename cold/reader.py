@@ -18,25 +18,31 @@ class ColdReader:
         self.store = store
         self.cache = ByteLRU(cache_bytes)
 
-    async def read(self, key: str, index: ChunkIndex, bucket: str, stream: str, start: int, end: int) -> bytes:
+    async def read(
+        self, key: str, index: ChunkIndex, bucket: str, stream: str, start: int, end: int
+    ) -> bytes:
         """Bytes ``[start, end)`` of one stream from one object (exactly, or raise)."""
 
         async def fetch(lo: int, hi: int) -> bytes:
             return await self.store.get(key, start=lo, end=hi)
 
-        data = await read_stream_bytes(fetch, index, bucket, stream, start, end, cache=self.cache, object_key=key)
+        data = await read_stream_bytes(
+            fetch, index, bucket, stream, start, end, cache=self.cache, object_key=key
+        )
         if len(data) != end - start:
-            raise ColdDataDamaged(key,
-                f"returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})"
-            )
+            raise ColdDataDamaged(key, f"returned {len(data)} bytes for {bucket}/{stream} [{start}, {end})")
         return data
 
-    async def record_starts(self, key: str, index: ChunkIndex, bucket: str, stream: str, lo: int, hi: int) -> list[int]:
+    async def record_starts(
+        self, key: str, index: ChunkIndex, bucket: str, stream: str, lo: int, hi: int
+    ) -> list[int]:
         """Offsets in ``[lo, hi)`` where one of the stream's records starts (retention lands on them)."""
 
         async def fetch(a: int, b: int) -> bytes:
             return await self.store.get(key, start=a, end=b)
 
-        pieces = await read_stream_range(fetch, index, bucket, stream, lo, hi, cache=self.cache, object_key=key)
+        pieces = await read_stream_range(
+            fetch, index, bucket, stream, lo, hi, cache=self.cache, object_key=key
+        )
         # The first piece may be a record trimmed at ``lo``; ``lo`` is a boundary the caller knows anyway.
         return [offset for offset, _ in pieces]

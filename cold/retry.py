@@ -48,7 +48,7 @@ class RetryPolicy:
         """Upper bound of the backoff before retry number `retry` (0-based)."""
         if retry < 0:
             raise ValueError(f"retry index must be >= 0, got {retry}")
-        return min(self.cap, self.base * 2 ** min(retry, _MAX_EXPONENT))
+        return float(min(self.cap, self.base * 2 ** min(retry, _MAX_EXPONENT)))
 
     def delay(self, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Full-jitter delay before retry number `retry`; rand() is in [0, 1)."""

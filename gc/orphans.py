@@ -2,7 +2,8 @@
 
 * An object under the data prefix that the metadata does not know (an upload
   that crashed or failed before its commit) and that is older than the grace
-  delay is an orphan: it is deleted through the same journaled lifecycle.
+  delay is an orphan: it is deleted through the same journaled lifecycle, and
+  only under a prefix this data dir has claimed.
 * An object the metadata references but the store does not have is an
   integrity error: reported loudly (logs, metrics, the pass report), never
   dropped from the metadata silently.
@@ -13,13 +14,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tiered.cold.flusher import key_time_ms
-from tiered.cold.store import ObjectStore
-from tiered.state import StreamState
+from tiered.cold.keys import DATA_PREFIX, key_time_ms
+from tiered.cold.store import ObjectStore, ObjectStoreError
+from tiered.streams.state import StreamState
+
+from .cold_objects import delete_objects
+from .context import GcContext, GcPass, prefix_held
 
 log = logging.getLogger(__name__)
-
-DATA_PREFIX = "data/"
 
 
 @dataclass
@@ -63,3 +65,43 @@ async def find_discrepancies(
     for key in result.missing:
         log.error("integrity error: cold object %s is referenced by metadata but missing from the store", key)
     return result
+
+
+class ReconcileOrphans:
+    name = "orphans"
+
+    async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
+        if not gc_pass.reconcile:
+            return
+        report = gc_pass.report
+        try:
+            found = await find_discrepancies(ctx.state, ctx.store, gc_pass.now, ctx.grace_ms, ctx.max_objects)
+        except ObjectStoreError as exc:
+            report.errors.append(f"listing the object store failed: {exc}")
+            return
+        report.orphans_found = len(found.orphans)
+        report.integrity_errors.extend(
+            f"{key}: referenced by metadata but missing from the object store" for key in found.missing
+        )
+        if gc_pass.dry_run:
+            for key, size in found.orphans.items():
+                report.would_delete.append(
+                    {"key": key, "bytes": size, "reason": "orphan: no metadata references it"}
+                )
+            return
+        # Re-check right before deleting: a key may have become known meanwhile.
+        orphans = [k for k in found.orphans if not _known(ctx.state, k)]
+        if not orphans or not await prefix_held(ctx, report, force=True):
+            return  # an orphan here may be another data dir's live object
+        result = await delete_objects(
+            ctx.state,
+            ctx.committer,
+            ctx.store,
+            orphans,
+            gc_pass.now,
+            orphan=True,
+            sizes={k: found.orphans[k] for k in orphans},
+        )
+        report.orphans_deleted = len(result.deleted)
+        report.bytes_deleted += result.bytes_deleted
+        report.errors.extend(result.errors)

@@ -26,10 +26,19 @@ boundary below the target) is used, which still keeps at least ``B`` bytes.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from tiered.state import Stream, StreamState
+from tiered.cold.chunk_index import ColdDataDamaged
+from tiered.cold.store import ObjectStoreError
+from tiered.streams.model import Stream
+from tiered.streams.records import RetentionAdvanced
+from tiered.streams.state import StreamState
+
+from .context import GcContext, GcPass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +147,49 @@ def plan_retention(state: StreamState, now_ms: int) -> list[RetentionTarget]:
     return plans
 
 
-def plan_expirations(state: StreamState, now_ms: int, limit: int) -> list[int]:
-    """Uids of streams whose TTL or Expires-At has passed (not yet journaled as gone)."""
-    expired = []
-    for s in state.streams.values():
-        if not s.soft_deleted and s.expired(now_ms):
-            expired.append(s.uid)
-            if len(expired) >= limit:
-                break
-    return expired
+class ApplyRetention:
+    """Move retained offsets where the policies say; what falls below is released."""
+
+    name = "retention"
+
+    async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
+        state = ctx.state
+        advances = await self.advances(ctx, gc_pass.now)
+        report = gc_pass.report
+        report.retention_advanced = len(advances)
+        report.bytes_released += sum(offset - state.streams[uid].retained_from for uid, offset in advances)
+        if advances and not gc_pass.dry_run:
+            await ctx.committer.commit([RetentionAdvanced(ts_ms=gc_pass.now, advances=tuple(advances))])
+
+    @staticmethod
+    async def advances(ctx: GcContext, now: int) -> list[tuple[int, int]]:
+        """(uid, new retained offset) for every stream a policy releases data of now.
+
+        Where the size target lies inside a cold range, the object is read for the
+        record boundary at or below it; failing that, the plan's known boundary
+        (lower, so more is kept) is used.
+        """
+        state = ctx.state
+        out = []
+        for plan in plan_retention(state, now):
+            offset = plan.offset
+            lookup = plan.lookup
+            obj = state.cold_objects.get(lookup.key) if lookup is not None else None
+            if lookup is not None and obj is not None and ctx.reader is not None:
+                try:
+                    starts = await ctx.reader.record_starts(
+                        lookup.key, obj.index, lookup.bucket, lookup.path, lookup.lo, lookup.target + 1
+                    )
+                    offset = max([offset, *(o for o in starts if o <= lookup.target)])
+                except (ObjectStoreError, ColdDataDamaged) as exc:
+                    log.warning(
+                        "retention of %s/%s keeps more than needed: record boundaries in %s unreadable: %s",
+                        lookup.bucket,
+                        lookup.path,
+                        lookup.key,
+                        exc,
+                    )
+            s = state.streams.get(plan.uid)
+            if s is not None and offset > s.retained_from:
+                out.append((plan.uid, offset))
+        return out

@@ -130,7 +130,9 @@ class SegmentLog:
                 ids.append(sid)
         return sorted(ids)
 
-    def open(self, replay_from: LogPosition | None = None, *, read_only: bool = False) -> Iterator[tuple[LogPosition, bytes]]:
+    def open(
+        self, replay_from: LogPosition | None = None, *, read_only: bool = False
+    ) -> Iterator[tuple[LogPosition, bytes]]:
         """Verify the log, cut off a torn tail, and yield records to replay.
 
         Yields ``(body_position, body)`` for every record at or after
@@ -237,7 +239,11 @@ class SegmentLog:
             self._size = HEADER_SIZE
             self._new_part(self._seg, with_magic=True)
         parts = self._pending.parts
-        part = parts[-1] if parts and parts[-1].segment == self._seg else self._new_part(self._seg, with_magic=False)
+        part = (
+            parts[-1]
+            if parts and parts[-1].segment == self._seg
+            else self._new_part(self._seg, with_magic=False)
+        )
         if part.marker_at is None:  # the first record of this write: room for its marker
             part.marker_at = len(part.data)
             part.data.extend(bytes(MARKER_FRAME_SIZE))
@@ -386,7 +392,14 @@ class SegmentLog:
         return mm
 
     def read_run(
-        self, starts: Sequence[int], lens: Sequence[int], segs: Sequence[int], poss: Sequence[int], i: int, start: int, end: int
+        self,
+        starts: Sequence[int],
+        lens: Sequence[int],
+        segs: Sequence[int],
+        poss: Sequence[int],
+        i: int,
+        start: int,
+        end: int,
     ) -> bytes:
         """Stream bytes ``[start, end)`` from consecutive index entries ``i, i+1, ...``.
 

@@ -63,7 +63,7 @@ class Damage:
 
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
 
 
 def frame(body: bytes) -> bytes:
@@ -146,7 +146,9 @@ def scan_segment(path: str, start: int = HEADER_SIZE) -> ScanResult:
     if start > HEADER_SIZE:
         if size < start:
             reached, _ = check_frames(data, HEADER_SIZE, size)
-            return ScanResult([], min(reached, size), size, f"the segment ends at {size}, before byte {start}")
+            return ScanResult(
+                [], min(reached, size), size, f"the segment ends at {size}, before byte {start}"
+            )
         _, damage = check_frames(data, HEADER_SIZE, start)
     records: list[ScannedRecord] = []
     batch_start: int | None = None
@@ -188,7 +190,7 @@ def _frame_ok(data: bytes | mmap.mmap, pos: int, stop: int) -> bool:
         return False
     length, crc = FRAME.unpack_from(data, pos)
     end = pos + FRAME_SIZE + length
-    return 0 < length <= MAX_BODY and end <= stop and google_crc32c.value(data[pos + FRAME_SIZE : end]) == crc
+    return bool(0 < length <= MAX_BODY and end <= stop and crc32c(data[pos + FRAME_SIZE : end]) == crc)
 
 
 def _next_marker(data: bytes | mmap.mmap, after: int, stop: int) -> int | None:
@@ -196,7 +198,11 @@ def _next_marker(data: bytes | mmap.mmap, after: int, stop: int) -> int | None:
     needle = FRAME.pack(MARKER.size, 0)[:4]  # the length field of a marker frame
     pos = data.find(needle, after, stop)
     while pos >= 0:
-        if pos + MARKER_FRAME_SIZE <= stop and data[pos + FRAME_SIZE] == MARKER_TAG and _frame_ok(data, pos, stop):
+        if (
+            pos + MARKER_FRAME_SIZE <= stop
+            and data[pos + FRAME_SIZE] == MARKER_TAG
+            and _frame_ok(data, pos, stop)
+        ):
             return pos
         pos = data.find(needle, pos + 1, stop)
     return None

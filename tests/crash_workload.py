@@ -160,8 +160,13 @@ class Writer:
 
     def new_attempt(self, size: int, close: bool = False) -> Attempt:
         att = Attempt(
-            self.stream, self.wid, self.epoch, self.next_seq,
-            make_payload(self.stream, self.wid, self.epoch, self.next_seq, size), self.producer, close,
+            self.stream,
+            self.wid,
+            self.epoch,
+            self.next_seq,
+            make_payload(self.stream, self.wid, self.epoch, self.next_seq, size),
+            self.producer,
+            close,
         )
         self.next_seq += 1
         return att
@@ -169,7 +174,13 @@ class Writer:
     def headers(self, att: Attempt) -> dict[str, str]:
         h = {"Content-Type": OCTET}
         if att.producer:
-            h.update({"Producer-Id": self.producer_id, "Producer-Epoch": str(att.epoch), "Producer-Seq": str(att.seq)})
+            h.update(
+                {
+                    "Producer-Id": self.producer_id,
+                    "Producer-Epoch": str(att.epoch),
+                    "Producer-Seq": str(att.seq),
+                }
+            )
         if att.close:
             h["Stream-Closed"] = "true"
         return h
@@ -229,7 +240,8 @@ class CrashHarness:
         self.streams = [StreamModel(i, f"crash-{seed}-s{i}") for i in range(n_streams)]
         # Writers 0..n-1 append plainly, n..2n-1 are idempotent producers; each stream has one of each.
         self.writers = [
-            Writer(w, w % n_streams, w >= n_streams, random.Random(f"writer/{seed}/{w}")) for w in range(2 * n_streams)
+            Writer(w, w % n_streams, w >= n_streams, random.Random(f"writer/{seed}/{w}"))
+            for w in range(2 * n_streams)
         ]
         self.probe = Writer(PROBE_WRITER, -1, False, random.Random(f"probe/{seed}"))
         self.close_cycle = close_cycle
@@ -263,10 +275,14 @@ class CrashHarness:
     def url(self, name: str) -> str:
         return f"{self.server.url}/v1/stream/{name}"
 
-    async def request(self, method: str, name: str, *, data: bytes | None = None, headers=None, params=None) -> Response:
+    async def request(
+        self, method: str, name: str, *, data: bytes | None = None, headers=None, params=None
+    ) -> Response:
         assert self.session is not None
         try:
-            async with self.session.request(method, self.url(name), data=data, headers=headers, params=params) as r:
+            async with self.session.request(
+                method, self.url(name), data=data, headers=headers, params=params
+            ) as r:
                 body = await r.read()
                 return Response(r.status, dict(r.headers), body)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -316,7 +332,9 @@ class CrashHarness:
         m = self.streams[w.stream]
         sent = 0
         while not w.done:
-            close = w is self.closer and self.close_cycle is not None and cycle >= self.close_cycle and sent == 2
+            close = (
+                w is self.closer and self.close_cycle is not None and cycle >= self.close_cycle and sent == 2
+            )
             att = w.new_attempt(pick_size(w.rng), close)
             if close:
                 m.closing = att
@@ -356,7 +374,9 @@ class CrashHarness:
         tasks = [asyncio.create_task(self._writer_loop(w, cycle, errors)) for w in self.writers if not w.done]
         await asyncio.sleep(delay)
         if self.server.proc is None or self.server.proc.poll() is not None:
-            raise AssertionError(f"cycle {cycle}: the server died on its own during the load:\n{self.server.log()}")
+            raise AssertionError(
+                f"cycle {cycle}: the server died on its own during the load:\n{self.server.log()}"
+            )
         self.server.kill()
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
         await self._close_session()
@@ -367,7 +387,9 @@ class CrashHarness:
                 self.stats["in_flight"] += 1
         acked = self.stats["acked"] - acked_before
         self.log(f"cycle {cycle}: killed after {delay:.2f}s, {acked} appends acknowledged")
-        assert acked >= 16, f"cycle {cycle}: only {acked} appends acknowledged in {delay:.2f}s: is the server stuck?"
+        assert acked >= 16, (
+            f"cycle {cycle}: only {acked} appends acknowledged in {delay:.2f}s: is the server stuck?"
+        )
         return delay
 
     # --------------------------------------------------------- verification
@@ -379,7 +401,9 @@ class CrashHarness:
             await self._verify_stream(m, label)
         for name, body, closed in self.extra:
             data, _, is_closed = await self.read_all(name)
-            assert data == body, f"{label}: stream {name} created with {len(body)} bytes reads back {len(data)}"
+            assert data == body, (
+                f"{label}: stream {name} created with {len(body)} bytes reads back {len(data)}"
+            )
             assert is_closed == closed, f"{label}: stream {name} closed={is_closed}, created closed={closed}"
             h = {"Content-Type": OCTET, **({"Stream-Closed": "true"} if closed else {})}
             r = await self.request("PUT", name, headers=h)
@@ -391,7 +415,9 @@ class CrashHarness:
         where = f"{label}: stream {m.name}"
         old = len(m.content)
         if data[:old] != m.content:
-            bad = next((i for i in range(min(len(data), old)) if data[i] != m.content[i]), min(len(data), old))
+            bad = next(
+                (i for i in range(min(len(data), old)) if data[i] != m.content[i]), min(len(data), old)
+            )
             owner = next((p for p in m.pieces if p.start is not None and p.start <= bad < p.end), None)
             raise AssertionError(
                 f"{where}: history changed at byte {bad} (stream now {len(data)} bytes, was {old}); "
@@ -420,19 +446,27 @@ class CrashHarness:
         for a in pending:
             assert a.start is not None
             if a.start < pos:
-                raise AssertionError(f"{where}: acknowledged {a} overlaps the previous append ending at {pos}")
+                raise AssertionError(
+                    f"{where}: acknowledged {a} overlaps the previous append ending at {pos}"
+                )
             if a.end > len(data):
-                raise AssertionError(f"{where}: acknowledged {a} is missing: the stream has only {len(data)} bytes")
+                raise AssertionError(
+                    f"{where}: acknowledged {a} is missing: the stream has only {len(data)} bytes"
+                )
             fill_gap(a.start)
             if data[a.start : a.end] != a.payload:
-                raise AssertionError(f"{where}: acknowledged {a} not byte-exact; there: {describe_at(data, a.start)}")
+                raise AssertionError(
+                    f"{where}: acknowledged {a} not byte-exact; there: {describe_at(data, a.start)}"
+                )
             pos = a.end
             order.append(a)
         fill_gap(len(data))
         # A writer's in-flight request was its last: it cannot precede its own acknowledged appends.
         for c in m.candidates:
             if c.start is not None:
-                later = [a for a in order if a.writer == c.writer and a.start is not None and a.start > c.start]
+                later = [
+                    a for a in order if a.writer == c.writer and a.start is not None and a.start > c.start
+                ]
                 assert not later, f"{where}: in-flight {c} stored before the same writer's later {later}"
         # The close is atomic with its final append, and nothing follows it.
         closing = m.closing
@@ -460,7 +494,9 @@ class CrashHarness:
         for p in self.rng.sample(with_tokens, min(3, len(with_tokens))):
             r = await self.request("GET", m.name, params={"offset": p.end_token})
             assert r.status == 200, f"{where}: GET offset={p.end_token}: {r}"
-            assert r.body == data[p.end : p.end + len(r.body)], f"{where}: read from {p.end_token} returned other bytes"
+            assert r.body == data[p.end : p.end + len(r.body)], (
+                f"{where}: read from {p.end_token} returned other bytes"
+            )
             assert r.body or p.end == len(data), f"{where}: empty read from {p.end_token} before the tail"
 
     # ------------------------------------------------- after-restart checks
@@ -480,7 +516,9 @@ class CrashHarness:
             await self._check_suffix(m, f"after restart checks of cycle {cycle}")
 
     async def _post(self, w: Writer, att: Attempt) -> Response:
-        return await self.request("POST", self.streams[att.stream].name, data=att.payload, headers=w.headers(att))
+        return await self.request(
+            "POST", self.streams[att.stream].name, data=att.payload, headers=w.headers(att)
+        )
 
     async def _retry_producer(self, w: Writer) -> None:
         m = self.streams[w.stream]
@@ -505,7 +543,9 @@ class CrashHarness:
         if w.last_acked is not None and w.last_acked.epoch == w.epoch:
             r = await self._post(w, w.last_acked)
             want_seq = expect_seq if expect_seq is not None else w.last_acked.seq
-            assert r.status == 204, f"re-sent last acknowledged {w.last_acked} of {what}: want 204 duplicate, got {r}"
+            assert r.status == 204, (
+                f"re-sent last acknowledged {w.last_acked} of {what}: want 204 duplicate, got {r}"
+            )
             assert r.h("Producer-Epoch") == str(w.epoch) and r.h("Producer-Seq") == str(want_seq), (
                 f"duplicate of {w.last_acked}: want Producer-Epoch {w.epoch} Producer-Seq {want_seq}, got {r}"
             )
@@ -517,7 +557,9 @@ class CrashHarness:
             if inf.start is not None:  # it made it to disk before the kill
                 assert r.status == 204, f"re-sent in-flight {inf} that is already stored: want 204, got {r}"
                 assert r.h("Producer-Seq") == str(inf.seq), r
-                assert parse_offset(r.h("Stream-Next-Offset") or "") == m.tail, f"duplicate moved the tail? {r}"
+                assert parse_offset(r.h("Stream-Next-Offset") or "") == m.tail, (
+                    f"duplicate moved the tail? {r}"
+                )
                 self.stats["retried_204"] += 1
             else:
                 assert r.status == 200, f"re-sent in-flight {inf} that was lost: want 200 (new data), got {r}"
@@ -558,8 +600,14 @@ class CrashHarness:
             m.tail = att.end
             w.last_acked = att
         if w.epoch > 0 and not m.closed:
-            stale = Attempt(w.stream, w.wid, w.epoch - 1, STALE_WRITER_SEQ,
-                            make_payload(w.stream, w.wid, w.epoch - 1, STALE_WRITER_SEQ, 100), True)
+            stale = Attempt(
+                w.stream,
+                w.wid,
+                w.epoch - 1,
+                STALE_WRITER_SEQ,
+                make_payload(w.stream, w.wid, w.epoch - 1, STALE_WRITER_SEQ, 100),
+                True,
+            )
             r = await self._post(w, stale)
             assert r.status == 403 and r.h("Producer-Epoch") == str(w.epoch), (
                 f"stale epoch {w.epoch - 1} after epoch {w.epoch} was acknowledged: want 403, got {r}"
@@ -568,8 +616,14 @@ class CrashHarness:
         producers = [p for p in self.writers if p.producer and not self.streams[p.stream].closed]
         if producers:
             p = producers[cycle % len(producers)]
-            gap = Attempt(p.stream, p.wid, p.epoch, p.next_seq + 1,
-                          make_payload(p.stream, p.wid, p.epoch, p.next_seq + 1, 50), True)
+            gap = Attempt(
+                p.stream,
+                p.wid,
+                p.epoch,
+                p.next_seq + 1,
+                make_payload(p.stream, p.wid, p.epoch, p.next_seq + 1, 50),
+                True,
+            )
             r = await self._post(p, gap)
             assert r.status == 409, f"seq gap {gap}: want 409, got {r}"
             assert r.h("Producer-Expected-Seq") == str(p.next_seq), f"seq gap {gap}: {r}"

@@ -14,13 +14,15 @@ import asyncio
 import logging
 import sys
 
-from tiered.client import GroupConsumer, GroupFenced
+from tiered.groups.client import GroupConsumer, GroupFenced
 from tiered.ids import format_offset, parse_offset
 
 
 async def main(url: str, group: str, member: str, log_path: str) -> int:
     with open(log_path, "a", buffering=1) as log:
-        async with GroupConsumer(url, group, member, auto_commit=False, wait_ms=1000, commit_interval_s=0.1) as consumer:
+        async with GroupConsumer(
+            url, group, member, auto_commit=False, wait_ms=1000, commit_interval_s=0.1
+        ) as consumer:
             try:
                 async for batch in consumer:
                     base = parse_offset(batch.offset)

@@ -98,26 +98,49 @@ def stream_url(base: str, name: str, bucket: str | None = None) -> str:
     return f"{base}/v1/buckets/{bucket}/stream/{name}"
 
 
-def create(url: str, content_type: str | None = "application/octet-stream", body: bytes | str | None = None,
-           **extra: str) -> tuple[int, Headers, bytes]:
+def new_stream(
+    srv: ServerProcess,
+    content_type: str = "application/octet-stream",
+    body: bytes | str = b"",
+    *,
+    prefix: str = "s",
+    bucket: str | None = None,
+) -> str:
+    """Create a stream with a name no other test uses; its URL."""
+    url = stream_url(srv.url, unique(prefix), bucket)
+    status, _, resp = create(url, content_type, body)
+    assert status == 201, resp
+    return url
+
+
+def create(
+    url: str,
+    content_type: str | None = "application/octet-stream",
+    body: bytes | str | None = None,
+    **extra: str,
+) -> tuple[int, Headers, bytes]:
     headers = {k.replace("_", "-"): v for k, v in extra.items()}
     if content_type is not None:
         headers["Content-Type"] = content_type
     return request("PUT", url, headers, body if body is not None else b"")
 
 
-def append(url: str, body: bytes | str, content_type: str = "application/octet-stream",
-           **extra: str) -> tuple[int, Headers, bytes]:
+def append(
+    url: str, body: bytes | str, content_type: str = "application/octet-stream", **extra: str
+) -> tuple[int, Headers, bytes]:
     headers = {"Content-Type": content_type, **{k.replace("_", "-"): v for k, v in extra.items()}}
     return request("POST", url, headers, body)
 
 
 def close(url: str, **extra: str) -> tuple[int, Headers, bytes]:
-    return request("POST", url, {"Stream-Closed": "true", **{k.replace("_", "-"): v for k, v in extra.items()}}, b"")
+    return request(
+        "POST", url, {"Stream-Closed": "true", **{k.replace("_", "-"): v for k, v in extra.items()}}, b""
+    )
 
 
-def read(url: str, offset: str | None = None, headers: dict[str, str] | None = None,
-         **params: str) -> tuple[int, Headers, bytes]:
+def read(
+    url: str, offset: str | None = None, headers: dict[str, str] | None = None, **params: str
+) -> tuple[int, Headers, bytes]:
     query = dict(params)
     if offset is not None:
         query["offset"] = offset
@@ -136,7 +159,9 @@ def tail(url: str) -> str:
     return headers["Stream-Next-Offset"]
 
 
-def read_all(url: str, offset: str = "-1", max_requests: int = 10_000) -> tuple[bytes, list[tuple[int, Headers, bytes]]]:
+def read_all(
+    url: str, offset: str = "-1", max_requests: int = 10_000
+) -> tuple[bytes, list[tuple[int, Headers, bytes]]]:
     """Follow ``Stream-Next-Offset`` until ``Stream-Up-To-Date``; returns (bytes, responses)."""
     out = bytearray()
     responses = []
@@ -152,7 +177,12 @@ def read_all(url: str, offset: str = "-1", max_requests: int = 10_000) -> tuple[
 
 
 def error_message(body: bytes) -> str:
-    return json.loads(body)["error"]
+    """The message of an error body (every error: ``{"error": {"code", "message", ...}}``)."""
+    return json.loads(body)["error"]["message"]
+
+
+def error_code(body: bytes) -> str:
+    return json.loads(body)["error"]["code"]
 
 
 def assert_security_headers(headers: Headers) -> None:
@@ -230,8 +260,14 @@ class _Parser:
 class SseReader:
     """An open ``live=sse`` request; read events until a condition holds or EOF."""
 
-    def __init__(self, url: str, offset: str, timeout: float = 10.0, headers: dict[str, str] | None = None,
-                 **params: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        offset: str,
+        timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
+        **params: str,
+    ) -> None:
         query = urllib.parse.urlencode({"offset": offset, "live": "sse", **params})
         host, port, target = _split(f"{url}?{query}")
         self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -252,7 +288,9 @@ class SseReader:
     def controls(self) -> list[dict[str, Any]]:
         return [e.json() for e in self.events if e.event == "control"]
 
-    def read_until(self, done: Callable[[list[SseEvent]], bool], timeout: float | None = None) -> list[SseEvent]:
+    def read_until(
+        self, done: Callable[[list[SseEvent]], bool], timeout: float | None = None
+    ) -> list[SseEvent]:
         deadline = time.monotonic() + (timeout or self.timeout)
         while not done(self.events):
             if self.eof:

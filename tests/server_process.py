@@ -35,8 +35,16 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         cmd = [
-            sys.executable, "-m", "tiered.cli", "serve",
-            "--host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(self.data_dir),
+            sys.executable,
+            "-m",
+            "tiered.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
             *self.args,
         ]
         log = open(self.log_path, "ab")

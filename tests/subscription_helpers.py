@@ -72,7 +72,9 @@ class WebhookReceiver:
             while len(self.received) < count:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"only {len(self.received)} webhook requests arrived, wanted {count}")
+                    raise AssertionError(
+                        f"only {len(self.received)} webhook requests arrived, wanted {count}"
+                    )
                 self._cond.wait(left)
             return self.received[count - 1]
 
@@ -106,8 +108,9 @@ def verify_signature(received: Received, jwks: dict[str, Any], window_s: int = 3
     return True
 
 
-def call(method: str, url: str, body: Any = None, token: str | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+def call(
+    method: str, url: str, body: Any = None, token: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, dict[str, str]]:
     """A JSON request: (status, parsed body or None, headers)."""
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     if token is not None:

@@ -91,7 +91,9 @@ class TcpProxy:
                 if not data:
                     break
                 while self.mode == "blackhole" and not self._stopped.is_set():
-                    time.sleep(0.01)  # hold everything: nobody answers, nothing is dropped on the floor loudly
+                    time.sleep(
+                        0.01
+                    )  # hold everything: nobody answers, nothing is dropped on the floor loudly
                 if self.mode == "delay":
                     time.sleep(self.delay_s)
                 if self.mode == "refuse" or self._stopped.is_set():

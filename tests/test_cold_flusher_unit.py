@@ -4,7 +4,7 @@
   states here are built by applying ``StreamCreated``/``Appended`` records with
   fake ``(segment, position)`` locations, exactly as journal replay would.
 * ``new_object_key`` / ``key_time_ms``: ULID-style keys that sort by time.
-* The lifecycle tests run a real ``StreamService`` (journal, segment log,
+* The lifecycle tests run a real ``Node`` (journal, segment log,
   LocalDirStore) on a temporary data dir with ``asyncio.run``: a copy started
   but never committed (a crash between ``ColdCopyStarted`` and the commit) is
   aborted by the next start and the data is flushed again under a new key; an
@@ -24,30 +24,27 @@ from typing import Any
 
 import pytest
 
-from tiered.cold.flusher import (
-    PieceToCopy,
-    key_time_ms,
-    new_object_key,
-    plan_flush,
-    plan_hot_trims,
-)
-from tiered.cold.parquet_chunk import ChunkIndex
+from tiered.cold.chunk_index import ChunkIndex
+from tiered.cold.flush_plan import PieceToCopy, plan_flush, plan_hot_trims
+from tiered.cold.keys import key_time_ms, new_object_key
 from tiered.cold.store import ObjectInfo, ObjectStoreUnavailable
 from tiered.config import Config
+from tiered.errors import ErrorCode
+from tiered.errors import TieredError as StreamError
 from tiered.hot.log import SegmentLog
-from tiered.records import (
+from tiered.journal.codec import Record, decode_record
+from tiered.node import Node
+from tiered.streams.model import AppendRequest, ColdSlice, CreateRequest, HotSlice, Stream
+from tiered.streams.records import (
     Appended,
     ColdCopyAborted,
     ColdCopyCommitted,
     ColdCopyStarted,
     CopyRange,
     HotTrimmed,
-    Record,
     StreamCreated,
-    decode_record,
 )
-from tiered.service import StreamService
-from tiered.state import AppendRequest, ColdSlice, CreateRequest, HotSlice, Stream, StreamError, StreamState
+from tiered.streams.state import StreamState
 
 OCTET = "application/octet-stream"
 EMPTY_INDEX = ChunkIndex(0, 0, (), ())
@@ -58,19 +55,45 @@ _positions = itertools.count(1000, 4096)
 _key_randomness = itertools.count(1)
 
 
-def _created(uid: int, path: str, *, ts_ms: int = 1_000, fork_source: int | None = None, fork_offset: int = 0,
-             bucket: str = "default") -> StreamCreated:
+def _created(
+    uid: int,
+    path: str,
+    *,
+    ts_ms: int = 1_000,
+    fork_source: int | None = None,
+    fork_offset: int = 0,
+    bucket: str = "default",
+) -> StreamCreated:
     return StreamCreated(
-        uid=uid, bucket=bucket, path=path, content_type=OCTET, ttl_s=None, expires_at=None, expires_at_ms=None,
-        closed=False, ts_ms=ts_ms, fork_source=fork_source, fork_offset=fork_offset,
-        fork_spec=None if fork_source is None else f"src@{fork_offset}", data=b"",
+        uid=uid,
+        bucket=bucket,
+        path=path,
+        content_type=OCTET,
+        ttl_s=None,
+        expires_at=None,
+        expires_at_ms=None,
+        closed=False,
+        ts_ms=ts_ms,
+        fork_source=fork_source,
+        fork_offset=fork_offset,
+        fork_spec=None if fork_source is None else f"src@{fork_offset}",
+        data=b"",
     )
 
 
 def _append(state: StreamState, uid: int, size: int, *, ts_ms: int = 1_000, segment: int = 1) -> None:
     s = state.streams[uid]
-    record = Appended(uid=uid, offset=s.tail, ts_ms=ts_ms, producer=None, epoch=0, seq=0, stream_seq=None,
-                      close=False, data=b"x" * size)
+    record = Appended(
+        uid=uid,
+        offset=s.tail,
+        ts_ms=ts_ms,
+        producer=None,
+        epoch=0,
+        seq=0,
+        stream_seq=None,
+        close=False,
+        data=b"x" * size,
+    )
     state.apply(record, (segment, next(_positions)))
 
 
@@ -132,7 +155,12 @@ def test_big_stream_gets_its_own_objects_split_at_record_boundaries() -> None:
     big = [o for o in plan if any(p.stream.path == "big" for p in o)]
     small = [o for o in plan if o not in big]
     # The big stream is alone in each of its objects, cut at record boundaries, each <= target.
-    assert [[(p.start, p.end) for p in o] for o in big] == [[(0, 900)], [(900, 1800)], [(1800, 2700)], [(2700, 3000)]]
+    assert [[(p.start, p.end) for p in o] for o in big] == [
+        [(0, 900)],
+        [(900, 1800)],
+        [(1800, 2700)],
+        [(2700, 3000)],
+    ]
     assert all(len(o) == 1 and object_bytes(o) <= 1_000 for o in big)
     s = state.find("default", "big")
     assert s is not None
@@ -141,7 +169,10 @@ def test_big_stream_gets_its_own_objects_split_at_record_boundaries() -> None:
         assert {o[0].start, o[0].end} <= record_boundaries(s)
     # The small streams share one object.
     assert len(small) == 1
-    assert sorted((p.stream.path, p.start, p.end) for p in small[0]) == [("small-a", 0, 100), ("small-b", 0, 100)]
+    assert sorted((p.stream.path, p.start, p.end) for p in small[0]) == [
+        ("small-a", 0, 100),
+        ("small-b", 0, 100),
+    ]
     for p in small[0]:
         check_piece(p)
 
@@ -156,7 +187,10 @@ def test_half_a_target_makes_a_stream_big() -> None:
     state.apply(_created(3, "tiny"))
     _append(state, 3, 10)
     plan = plan_flush(state, tail, target_bytes=1_000, max_pass_bytes=1 << 30)
-    assert sorted(sorted(p.stream.path for p in o) for o in plan) == [["exactly-half"], ["just-under", "tiny"]]
+    assert sorted(sorted(p.stream.path for p in o) for o in plan) == [
+        ["exactly-half"],
+        ["just-under", "tiny"],
+    ]
 
 
 def test_oversized_record_gets_an_object_of_its_own() -> None:
@@ -238,7 +272,10 @@ def test_fork_plans_only_its_own_data_from_the_fork_point() -> None:
     fork = state.streams[2]
     assert fork.cold_end == 200
     plan = plan_flush(state, tail, target_bytes=1_000, max_pass_bytes=1 << 30)
-    assert sorted((p.stream.path, p.start, p.end) for o in plan for p in o) == [("fork", 200, 310), ("src", 0, 300)]
+    assert sorted((p.stream.path, p.start, p.end) for o in plan for p in o) == [
+        ("fork", 200, 310),
+        ("src", 0, 300),
+    ]
     commit(state, plan)
     assert fork.cold_end == 310 and [(r.start, r.end) for r in fork.cold_refs] == [(200, 310)]
 
@@ -342,7 +379,11 @@ def test_object_keys_sort_by_time() -> None:
         keys += [new_object_key(t, b"\xff" * 10), new_object_key(t, b"\x00" * 10), new_object_key(t)]
     assert sorted(keys) == sorted(keys, key=lambda k: (key_time_ms(k), k))
     assert [key_time_ms(k) for k in sorted(keys)] == sorted(key_time_ms(k) for k in keys)
-    assert new_object_key(5, b"\x00" * 10) < new_object_key(5, b"\x00" * 9 + b"\x01") < new_object_key(6, b"\x00" * 10)
+    assert (
+        new_object_key(5, b"\x00" * 10)
+        < new_object_key(5, b"\x00" * 9 + b"\x01")
+        < new_object_key(6, b"\x00" * 10)
+    )
 
 
 def test_object_keys_are_unique_and_randomness_is_used() -> None:
@@ -353,8 +394,16 @@ def test_object_keys_are_unique_and_randomness_is_used() -> None:
     assert new_object_key(now, b"\x01" * 10) != new_object_key(now, b"\x02" * 10)
 
 
-@pytest.mark.parametrize("key", ["data/short.parquet", "data/" + "0" * 25 + "U.parquet", "data/" + "0" * 27 + ".parquet",
-                                 "", "data/" + "0" * 25 + "-.parquet"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "data/short.parquet",
+        "data/" + "0" * 25 + "U.parquet",
+        "data/" + "0" * 27 + ".parquet",
+        "",
+        "data/" + "0" * 25 + "-.parquet",
+    ],
+)
 def test_key_time_of_foreign_keys_is_none(key: str) -> None:
     assert key_time_ms(key) is None
 
@@ -385,10 +434,13 @@ def make_config(data_dir: Path, **overrides: Any) -> Config:
     return config
 
 
-async def run_service(config: Config, body: Callable[[StreamService], Awaitable[None]], *, run_flusher: bool = True,
-                      crash: bool = False) -> None:
-    svc = StreamService(config)
-    await svc.start(run_flusher=run_flusher)
+async def run_service(
+    config: Config, body: Callable[[Node], Awaitable[None]], *, run_flusher: bool = True, crash: bool = False
+) -> None:
+    svc = Node(config)
+    await svc.start(jobs=False)
+    if run_flusher:
+        svc.start_jobs({"cold-flusher"})
     try:
         await body(svc)
     finally:
@@ -398,34 +450,30 @@ async def run_service(config: Config, body: Callable[[StreamService], Awaitable[
             await svc.stop()
 
 
-async def simulate_crash(svc: StreamService) -> None:
+async def simulate_crash(svc: Node) -> None:
     """Stop like a SIGKILL after the last fsync: no shutdown snapshot, no flusher cleanup."""
-    if svc._flusher_task is not None:
-        svc._flusher_task.cancel()
-        try:
-            await svc._flusher_task
-        except BaseException:
-            pass
+    await svc.tasks.stop()
+    await svc.deliveries.close()
     await svc.journal.close(None)  # everything acknowledged is already durable; no snapshot
     if svc.store is not None:
         await svc.store.close()
 
 
-async def write_streams(svc: StreamService, contents: dict[str, list[bytes]]) -> dict[str, bytes]:
+async def write_streams(svc: Node, contents: dict[str, list[bytes]]) -> dict[str, bytes]:
     for path, records in contents.items():
-        await svc.create("default", path, CreateRequest(OCTET, None, None, None, False, b""))
+        await svc.streams.create("default", path, CreateRequest(OCTET, None, None, None, False, b""))
         for data in records:
-            await svc.append("default", path, AppendRequest(OCTET, data, False))
+            await svc.streams.append("default", path, AppendRequest(OCTET, data, False))
     return {path: b"".join(records) for path, records in contents.items()}
 
 
-async def read_stream(svc: StreamService, path: str) -> bytes:
-    s = svc.lookup("default", path)
-    return await svc.read(s, 0, svc.view(s).tail)
+async def read_stream(svc: Node, path: str) -> bytes:
+    s = svc.streams.lookup("default", path)
+    return await svc.streams.read(s, 0, svc.streams.view(s).tail)
 
 
-def slice_kinds(svc: StreamService, path: str) -> set[str]:
-    s = svc.lookup("default", path)
+def slice_kinds(svc: Node, path: str) -> set[str]:
+    s = svc.streams.lookup("default", path)
     return {type(sl).__name__ for sl in svc.state.plan_read(s, 0, s.tail)}
 
 
@@ -445,24 +493,27 @@ CONTENTS = {
 
 
 @pytest.mark.parametrize("shutdown", ["crash", "clean"])
-def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(tmp_path: Path, shutdown: str) -> None:
+def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(
+    tmp_path: Path, shutdown: str
+) -> None:
     config = make_config(tmp_path / "data")
     orphan = new_object_key(int(time.time() * 1000))
     expected: dict[str, bytes] = {}
 
-    async def first_life(svc: StreamService) -> None:
+    async def first_life(svc: Node) -> None:
         expected.update(await write_streams(svc, CONTENTS))
         ranges = tuple(CopyRange(s.uid, s.cold_end, s.tail) for s in svc.state.streams.values())
-        await svc.commit_records([ColdCopyStarted(key=orphan, ts_ms=int(time.time() * 1000), ranges=ranges)])
+        await svc.committer.commit(
+            [ColdCopyStarted(key=orphan, ts_ms=int(time.time() * 1000), ranges=ranges)]
+        )
         assert orphan in svc.state.copies_in_flight
         # The upload itself landed before the "crash": an orphan object with the same key.
-        assert svc.store is not None
         await svc.store.put(orphan, b"an upload that was never committed")
 
     asyncio.run(run_service(config, first_life, run_flusher=False, crash=shutdown == "crash"))
 
     # Replay (crash: from the journal; clean: from the shutdown snapshot) remembers the copy in flight.
-    recovered = StreamService(config)
+    recovered = Node(config)
     state = recovered.journal.recover()
     recovered.journal.log.close()
     assert list(state.copies_in_flight) == [orphan]
@@ -470,8 +521,7 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(tm
 
     new_keys: list[str] = []
 
-    async def second_life(svc: StreamService) -> None:
-        assert svc.flusher is not None
+    async def second_life(svc: Node) -> None:
         # Startup aborts the interrupted copy before any flush pass (the interval is 30 s).
         await wait_for(lambda: not svc.state.copies_in_flight, what="the interrupted copy to be aborted")
         assert svc.state.cold_objects == {}
@@ -479,8 +529,10 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(tm
             assert slice_kinds(svc, path) == {"HotSlice"}
             assert await read_stream(svc, path) == data
         svc.flusher.kick()
-        await wait_for(lambda: all(s.cold_end == s.tail and not len(s.chunks) for s in svc.state.streams.values()),
-                       what="a fresh flush and hot trim")
+        await wait_for(
+            lambda: all(s.cold_end == s.tail and not len(s.chunks) for s in svc.state.streams.values()),
+            what="a fresh flush and hot trim",
+        )
         new_keys.extend(svc.state.cold_objects)
         assert new_keys and orphan not in new_keys
         for path, data in expected.items():
@@ -498,14 +550,15 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(tm
     assert committed == new_keys
     started = [r.key for r in records if isinstance(r, ColdCopyStarted)]
     assert started == [orphan, *new_keys]
-    assert records.index(aborted[0]) < min(i for i, r in enumerate(records) if isinstance(r, ColdCopyCommitted))
+    assert records.index(aborted[0]) < min(
+        i for i, r in enumerate(records) if isinstance(r, ColdCopyCommitted)
+    )
 
-    async def third_life(svc: StreamService) -> None:
+    async def third_life(svc: Node) -> None:
         assert not svc.state.copies_in_flight
         assert sorted(svc.state.cold_objects) == sorted(new_keys)
         for path, data in expected.items():
             assert await read_stream(svc, path) == data
-        assert svc.store is not None
         assert await svc.store.head(orphan) is not None  # left for reconciliation, never served
 
     asyncio.run(run_service(config, third_life, run_flusher=False))
@@ -542,17 +595,16 @@ def test_upload_failure_journals_abort_keeps_hot_data_and_a_later_pass_succeeds(
     expected: dict[str, bytes] = {}
     seen: list[Record] = []
 
-    async def body(svc: StreamService) -> None:
+    async def body(svc: Node) -> None:
         flusher = svc.flusher
-        assert flusher is not None
         expected.update(await write_streams(svc, CONTENTS))
-        commit_records = svc.commit_records
+        commit_records = svc.committer.commit
 
         async def spy(records: list[Record]) -> None:
             seen.extend(records)
             await commit_records(records)
 
-        svc.commit_records = spy  # type: ignore[method-assign]
+        svc.committer.commit = spy  # type: ignore[method-assign]  # the flusher commits through it
         flaky = FlakyStore(flusher.store)
         flusher.store = flaky
 
@@ -590,12 +642,11 @@ def test_background_flusher_backs_off_and_recovers_from_an_outage(tmp_path: Path
     """The run loop survives failed passes (counted, last_error kept) and flushes once the store is back."""
     config = make_config(tmp_path / "data", flush_interval_s=0.05)
 
-    async def body(svc: StreamService) -> None:
+    async def body(svc: Node) -> None:
         flusher = svc.flusher
-        assert flusher is not None
         flaky = FlakyStore(flusher.store)
         flusher.store = flaky
-        svc._flusher_task = asyncio.create_task(flusher.run())  # stop() cancels it
+        svc.tasks.start("cold-flusher", flusher.run)  # stop() cancels it
         expected = await write_streams(svc, CONTENTS)
         await wait_for(lambda: flusher.failures >= 1, what="a failed pass")
         assert flusher.last_error and "injected outage" in flusher.last_error
@@ -603,8 +654,11 @@ def test_background_flusher_backs_off_and_recovers_from_an_outage(tmp_path: Path
         for path, data in expected.items():
             assert await read_stream(svc, path) == data
         flaky.down = False
-        await wait_for(lambda: svc.state.hot_bytes == 0 and flusher.last_error is None, timeout=15,
-                       what="the flusher to recover")
+        await wait_for(
+            lambda: svc.state.hot_bytes == 0 and flusher.last_error is None,
+            timeout=15,
+            what="the flusher to recover",
+        )
         for path, data in expected.items():
             assert slice_kinds(svc, path) == {"ColdSlice"}
             assert await read_stream(svc, path) == data
@@ -615,9 +669,8 @@ def test_background_flusher_backs_off_and_recovers_from_an_outage(tmp_path: Path
 def test_cold_read_during_an_outage_is_a_prompt_503(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data", read_cache_bytes=0)
 
-    async def body(svc: StreamService) -> None:
+    async def body(svc: Node) -> None:
         flusher = svc.flusher
-        assert flusher is not None and svc.cold_reader is not None
         expected = await write_streams(svc, CONTENTS)
         await flusher.flush_once()
         await flusher.release_hot_copies()
@@ -627,7 +680,7 @@ def test_cold_read_during_an_outage_is_a_prompt_503(tmp_path: Path) -> None:
             started = time.monotonic()
             with pytest.raises(StreamError) as err:
                 await read_stream(svc, path)
-            assert err.value.status == 503 and "Retry-After" in err.value.headers
+            assert err.value.code is ErrorCode.STORE_UNAVAILABLE
             assert time.monotonic() - started < 1
         flaky.down = False
         for path, data in expected.items():
@@ -644,20 +697,21 @@ def test_idle_server_frees_sealed_segments_once_their_data_is_cold(tmp_path: Pat
     config = make_config(tmp_path / "data")
     hot = config.data_path / "hot"
 
-    async def body(svc: StreamService) -> None:
+    async def body(svc: Node) -> None:
         flusher = svc.flusher
-        assert flusher is not None
         for i in range(4):
-            await svc.create("default", f"s{i}", CreateRequest(OCTET, None, None, None, False, b""))
+            await svc.streams.create("default", f"s{i}", CreateRequest(OCTET, None, None, None, False, b""))
         for n in range(32):
-            await svc.append("default", f"s{n % 4}", AppendRequest(OCTET, bytes([n]) * 200_000, False))
+            await svc.streams.append(
+                "default", f"s{n % 4}", AppendRequest(OCTET, bytes([n]) * 200_000, False)
+            )
             if n in (8, 24):
                 await svc.journal.snapshot(svc.state)  # what --snapshot-every-bytes does under load
         active = svc.journal.log.end.segment
         await flusher.flush_once()
         for _ in range(5):
             await flusher.release_hot_copies()
-            svc._last_segment_snapshot = -1e9  # skip the 10 s throttle between floor-moving snapshots
+            svc.reaper._last_snapshot = float("-inf")  # skip the 10 s throttle between floor-moving snapshots
         assert svc.state.hot_bytes == 0 and svc.state.referenced_segments() == set()
         sealed = sorted(int(p.stem) for p in hot.glob("*.seg") if int(p.stem) < active)
         assert sealed == [], f"sealed segments {sealed} hold only cold, trimmed data but are never deleted"
@@ -685,23 +739,22 @@ class GatedGets:
 def test_read_stitching_cold_and_hot_survives_the_hot_segment_being_deleted_meanwhile(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data", read_cache_bytes=0)
 
-    async def body(svc: StreamService) -> None:
+    async def body(svc: Node) -> None:
         flusher = svc.flusher
-        assert flusher is not None and svc.cold_reader is not None
         first, second = bytes(range(256)) * 400, bytes(range(255, -1, -1)) * 400
         await write_streams(svc, {"s": [first], "filler": []})
         await flusher.flush_once()
         await flusher.release_hot_copies()  # "s" [0, 102400) is cold only
-        await svc.append("default", "s", AppendRequest(OCTET, second, False))  # hot, in segment 1
+        await svc.streams.append("default", "s", AppendRequest(OCTET, second, False))  # hot, in segment 1
         while svc.journal.log.end.segment == 1:  # seal segment 1
-            await svc.append("default", "filler", AppendRequest(OCTET, b"f" * 200_000, False))
-        s = svc.lookup("default", "s")
+            await svc.streams.append("default", "filler", AppendRequest(OCTET, b"f" * 200_000, False))
+        s = svc.streams.lookup("default", "s")
         kinds = [type(sl).__name__ for sl in svc.state.plan_read(s, 0, s.tail)]
         assert kinds == ["ColdSlice", "HotSlice"]
 
         gated = GatedGets(svc.cold_reader.store)
         svc.cold_reader.store = gated
-        reader = asyncio.create_task(svc.read(s, 0, s.tail))
+        reader = asyncio.create_task(svc.streams.read(s, 0, s.tail))
         await wait_for(lambda: gated.waiting > 0, what="the read to wait on the object store")
         # Meanwhile the flusher moves the hot part cold (retention 0) and frees segment 1.
         await flusher.flush_once()

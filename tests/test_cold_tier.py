@@ -63,13 +63,20 @@ SCHEMA = pa.schema(  # the documented cold-object format: every column REQUIRED
     ]
 )
 FAST_FLUSH = [
-    "--flush-interval-s", "0.05",
-    "--hot-retention-s", "0",
-    "--segment-bytes", str(MiB),
-    "--max-body-bytes", "500000",
-    "--read-chunk-bytes", str(MiB),  # reads of the bigger streams take several requests
-    "--cold-object-bytes", str(MiB),  # big streams get objects of their own, split at record boundaries
-    "--snapshot-every-bytes", "4096",  # see the module docstring
+    "--flush-interval-s",
+    "0.05",
+    "--hot-retention-s",
+    "0",
+    "--segment-bytes",
+    str(MiB),
+    "--max-body-bytes",
+    "500000",
+    "--read-chunk-bytes",
+    str(MiB),  # reads of the bigger streams take several requests
+    "--cold-object-bytes",
+    str(MiB),  # big streams get objects of their own, split at record boundaries
+    "--snapshot-every-bytes",
+    "4096",  # see the module docstring
 ]
 SIZES = [1, 7, 100, 1_000, 4_096, 30_000, 120_000, 499_999]
 SIZE_WEIGHTS = [3, 3, 4, 4, 4, 4, 3, 1]
@@ -86,7 +93,9 @@ class Model:
     json: bool = False
     fork_offset: int = 0
     inherited_messages: int = 0  # JSON forks: messages that live in the source
-    data: bytearray = field(default_factory=bytearray)  # binary: every byte from offset 0 (fork prefix included)
+    data: bytearray = field(
+        default_factory=bytearray
+    )  # binary: every byte from offset 0 (fork prefix included)
     messages: list[Any] = field(default_factory=list)  # JSON streams
     tail: int = 0  # the last Stream-Next-Offset the server returned
 
@@ -104,7 +113,9 @@ class Model:
 
 
 def create(base: str, m: Model, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-    status, h, resp = request("PUT", m.url(base), {"Content-Type": JSON if m.json else OCTET, **(headers or {})}, body)
+    status, h, resp = request(
+        "PUT", m.url(base), {"Content-Type": JSON if m.json else OCTET, **(headers or {})}, body
+    )
     assert status == 201, (m.name, status, resp)
     m.tail = parse_offset(h["Stream-Next-Offset"]) or 0
     if m.json:
@@ -117,7 +128,9 @@ def create(base: str, m: Model, body: bytes = b"", headers: dict[str, str] | Non
 def append(base: str, m: Model, body: bytes | Any, *, expect: int = 204) -> tuple[int, Any]:
     """POST one record; on success check the offset continues exactly and update the model."""
     raw = json.dumps(body).encode() if m.json else body
-    status, h, resp = request("POST", m.url(base), {"Content-Type": JSON if m.json else OCTET}, raw, timeout=30)
+    status, h, resp = request(
+        "POST", m.url(base), {"Content-Type": JSON if m.json else OCTET}, raw, timeout=30
+    )
     if status != 204:
         assert status == expect, (m.name, status, resp)
         return status, h
@@ -197,7 +210,12 @@ def rows_by_stream(tables: Iterable[tuple[str, pa.Table]]) -> Rows:
     for _, table in tables:
         cols = table.to_pydict()
         for b, s, start, end, payload in zip(
-            cols["bucket"], cols["stream"], cols["start_offset"], cols["end_offset"], cols["payload"], strict=True
+            cols["bucket"],
+            cols["stream"],
+            cols["start_offset"],
+            cols["end_offset"],
+            cols["payload"],
+            strict=True,
         ):
             rows.setdefault((b, s), []).append((start, end, payload))
     for v in rows.values():
@@ -231,12 +249,19 @@ def all_cold(models: Iterable[Model], rows: Rows) -> bool:
     return all(cold_content(m, rows) == own_expected(m) for m in models)
 
 
-def wait(cond: Callable[[], bool], timeout: float, what: str, tick: Callable[[], None] | None = None,
-         explain: Callable[[], str] | None = None) -> float:
+def wait(
+    cond: Callable[[], bool],
+    timeout: float,
+    what: str,
+    tick: Callable[[], None] | None = None,
+    explain: Callable[[], str] | None = None,
+) -> float:
     started = time.monotonic()
     while not cond():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {explain()}" if explain else ""))
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}" + (f": {explain()}" if explain else "")
+            )
         if tick is not None:
             tick()
         time.sleep(0.1)
@@ -305,7 +330,11 @@ def populate(srv: ServerProcess, *, seed: int, binary: int, json_streams: int, r
             r = random.Random(seed)
             for k in range(n):
                 if m.json:
-                    append(base, m, [{"k": k, "s": "é\n\u2603" * r.randrange(5), "v": r.random()}] * r.randrange(1, 4))
+                    append(
+                        base,
+                        m,
+                        [{"k": k, "s": "é\n\u2603" * r.randrange(5), "v": r.random()}] * r.randrange(1, 4),
+                    )
                 else:
                     append(base, m, random_record(r))
 
@@ -318,7 +347,12 @@ def populate(srv: ServerProcess, *, seed: int, binary: int, json_streams: int, r
     source = models[0]
     fork = Model("fork-of-bin-00", fork_offset=len(source.data) // 2)
     fork.data = bytearray(source.data[: fork.fork_offset])
-    create(base, fork, b"", {"Stream-Forked-From": source.path, "Stream-Fork-Offset": format_offset(fork.fork_offset)})
+    create(
+        base,
+        fork,
+        b"",
+        {"Stream-Forked-From": source.path, "Stream-Fork-Offset": format_offset(fork.fork_offset)},
+    )
     models.append(fork)
     rest = {m.name: writer(m, per_stream - per_stream // 2, rng.randrange(1 << 30)) for m in models}
     write_concurrently(rest)
@@ -390,14 +424,26 @@ def fork_cold_streams(base: str, models: list[Model]) -> list[Model]:
     json_fork = Model("fork-of-json-after-restart", json=True)
     json_fork.messages = json_source.messages[:3]
     json_fork.inherited_messages = 3
-    create(base, json_fork, b"", {"Stream-Forked-From": json_source.path,
-                                  "Stream-Fork-Offset": format_offset(0), "Stream-Fork-Sub-Offset": "3"})
+    create(
+        base,
+        json_fork,
+        b"",
+        {
+            "Stream-Forked-From": json_source.path,
+            "Stream-Fork-Offset": format_offset(0),
+            "Stream-Fork-Sub-Offset": "3",
+        },
+    )
     json_fork.fork_offset = json_fork.tail
     bin_source = next(m for m in models if not m.json and m.fork_offset == 0 and len(m.data) > 100_000)
     bin_fork = Model("fork-of-cold-bin-after-restart", fork_offset=len(bin_source.data) // 3)
     bin_fork.data = bytearray(bin_source.data[: bin_fork.fork_offset])
-    create(base, bin_fork, b"", {"Stream-Forked-From": bin_source.path,
-                                 "Stream-Fork-Offset": format_offset(bin_fork.fork_offset)})
+    create(
+        base,
+        bin_fork,
+        b"",
+        {"Stream-Forked-From": bin_source.path, "Stream-Fork-Offset": format_offset(bin_fork.fork_offset)},
+    )
     return [json_fork, bin_fork]
 
 
@@ -448,7 +494,9 @@ def test_a_thousand_small_streams_are_packed_into_one_or_two_objects(tmp_path: P
             list(pool.map(lambda mp: append(srv.url, mp[0], mp[1]), zip(models, payloads, strict=True)))
             window = time.monotonic() - started
         total = 100 * len(models)
-        wait(lambda: all_cold(models, rows_by_stream(local_tables(srv.data_dir))), 15, "all streams to be cold")
+        wait(
+            lambda: all_cold(models, rows_by_stream(local_tables(srv.data_dir))), 15, "all streams to be cold"
+        )
         tables = local_tables(srv.data_dir)
         print(f"1,000 x 100 B appended in {window:.2f}s -> {len(tables)} cold object(s)")
         target = 16 * MiB  # the default --cold-object-bytes
@@ -485,12 +533,18 @@ def test_flush_bytes_flushes_early(tmp_path: Path) -> None:
 
 def s3_args(endpoint: str, bucket: str, prefix: str) -> list[str]:
     return [
-        "--cold-store", "s3",
-        "--s3-bucket", bucket,
-        "--s3-prefix", prefix,
-        "--s3-endpoint", endpoint,
-        "--s3-region", s3_server.REGION,
-        "--s3-path-style", "true",
+        "--cold-store",
+        "s3",
+        "--s3-bucket",
+        bucket,
+        "--s3-prefix",
+        prefix,
+        "--s3-endpoint",
+        endpoint,
+        "--s3-region",
+        s3_server.REGION,
+        "--s3-path-style",
+        "true",
     ]
 
 
@@ -499,9 +553,13 @@ def s3_env() -> dict[str, str]:
     return dict(s3_server._TEST_ENV)
 
 
-def test_s3_round_trip_serves_cold_data_from_the_bucket(moto_s3: s3_server.S3Endpoint, tmp_path: Path) -> None:
+def test_s3_round_trip_serves_cold_data_from_the_bucket(
+    moto_s3: s3_server.S3Endpoint, tmp_path: Path
+) -> None:
     prefix = f"cold-tier-{time.monotonic_ns()}"
-    srv = ServerProcess(tmp_path / "data", *FAST_FLUSH, *s3_args(moto_s3.url, moto_s3.bucket, prefix), env=s3_env())
+    srv = ServerProcess(
+        tmp_path / "data", *FAST_FLUSH, *s3_args(moto_s3.url, moto_s3.bucket, prefix), env=s3_env()
+    )
     srv.start()
     try:
         models = populate(srv, seed=4, binary=8, json_streams=1, records=130)
@@ -561,7 +619,9 @@ class RestartableMoto:
             self.server = None
 
 
-def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(aws_test_env: None, tmp_path: Path) -> None:
+def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(
+    aws_test_env: None, tmp_path: Path
+) -> None:
     bucket = "tiered-outage"
     moto = RestartableMoto()
     moto.start()
@@ -572,23 +632,34 @@ def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(aws_test_env
         client.put_object(Bucket=bucket, Key="probe", Body=b"kept")
         moto.stop()
         with pytest.raises(Exception):  # noqa: B017 - any connection error
-            boto3.client("s3", endpoint_url=moto.url, region_name=s3_server.REGION,
-                         config=botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1)
-                         ).list_buckets()
+            boto3.client(
+                "s3",
+                endpoint_url=moto.url,
+                region_name=s3_server.REGION,
+                config=botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=1),
+            ).list_buckets()
         moto.start()
         assert bucket in [b["Name"] for b in client.list_buckets()["Buckets"]]
         assert client.get_object(Bucket=bucket, Key="probe")["Body"].read() == b"kept"
 
         srv = ServerProcess(
-            tmp_path / "data", *FAST_FLUSH, *s3_args(moto.url, bucket, "outage"),
-            "--max-hot-bytes", "200000", env=s3_env(),
+            tmp_path / "data",
+            *FAST_FLUSH,
+            *s3_args(moto.url, bucket, "outage"),
+            "--max-hot-bytes",
+            "200000",
+            env=s3_env(),
         ).start()
         rng = random.Random(5)
         cold = Model("cold-only")
         create(srv.url, cold)
         for _ in range(15):
             append(srv.url, cold, rng.randbytes(10_000))
-        wait(lambda: all_cold([cold], rows_by_stream(s3_tables(moto.url, bucket, "outage"))), 20, "cold-only in S3")
+        wait(
+            lambda: all_cold([cold], rows_by_stream(s3_tables(moto.url, bucket, "outage"))),
+            20,
+            "cold-only in S3",
+        )
         time.sleep(0.5)  # the hot copies are trimmed right after the commit, in the same pass
 
         moto.stop()
@@ -627,8 +698,11 @@ def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(aws_test_env
         for _ in range(5):
             append(srv.url, hot, rng.randbytes(10_000))
         check_reads(srv.url, [cold, hot])
-        wait(lambda: all_cold([cold, hot], rows_by_stream(s3_tables(moto.url, bucket, "outage"))), 30,
-             "data written during the outage to reach S3")
+        wait(
+            lambda: all_cold([cold, hot], rows_by_stream(s3_tables(moto.url, bucket, "outage"))),
+            30,
+            "data written during the outage to reach S3",
+        )
         check_reads(srv.url, [cold, hot])
     finally:
         if srv is not None:

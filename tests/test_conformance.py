@@ -38,18 +38,32 @@ def _suite_home() -> Path:
     if not (home / "node_modules" / "@durable-streams" / "server-conformance-tests").exists():
         subprocess.run(
             ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=home, check=True, timeout=600,
+            cwd=home,
+            check=True,
+            timeout=600,
         )
     return home
 
 
-def run_suite(url: str, *, long_poll_ms: int = 20000, env: dict[str, str] | None = None) -> tuple[int, int, str]:
+def run_suite(
+    url: str, *, long_poll_ms: int = 20000, env: dict[str, str] | None = None
+) -> tuple[int, int, str]:
     """Run the suite (``env``: extra variables for the runner); returns (passed, failed, output)."""
     home = _suite_home()
-    env = {**os.environ, "CONFORMANCE_TEST_URL": url, "LONG_POLL_MS": str(long_poll_ms), "NO_COLOR": "1", **(env or {})}
+    env = {
+        **os.environ,
+        "CONFORMANCE_TEST_URL": url,
+        "LONG_POLL_MS": str(long_poll_ms),
+        "NO_COLOR": "1",
+        **(env or {}),
+    }
     proc = subprocess.run(
         ["npx", "vitest", "run", "suite.test.mjs", "--no-coverage", "--reporter=default"],
-        cwd=home, env=env, capture_output=True, text=True, timeout=900,
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     summary = re.search(r"Tests\s+(.*)\(\d+\)", out)
@@ -91,11 +105,16 @@ def test_conformance_suite_aggressive_flush_to_local_store(tmp_path: Path) -> No
     _run_against(
         ServerProcess(
             tmp_path / "data",
-            "--long-poll-timeout-s", "3",
-            "--flush-interval-s", "0.05",
-            "--hot-retention-s", "0",
-            "--segment-bytes", "2097152",
-            "--max-body-bytes", "2000000",
+            "--long-poll-timeout-s",
+            "3",
+            "--flush-interval-s",
+            "0.05",
+            "--hot-retention-s",
+            "0",
+            "--segment-bytes",
+            "2097152",
+            "--max-body-bytes",
+            "2000000",
         )
     )
 
@@ -107,16 +126,27 @@ def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, moto_s3: s3_server
     _run_against(
         ServerProcess(
             tmp_path / "data",
-            "--long-poll-timeout-s", "3",
-            "--cold-store", "s3",
-            "--s3-bucket", moto_s3.bucket,
-            "--s3-prefix", "conformance",
-            "--s3-endpoint", moto_s3.url,
-            "--s3-region", moto_s3.region,
-            "--s3-path-style", "true",
-            "--flush-interval-s", "0.05",
-            "--hot-retention-s", "0",
-            env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
+            "--long-poll-timeout-s",
+            "3",
+            "--cold-store",
+            "s3",
+            "--s3-bucket",
+            moto_s3.bucket,
+            "--s3-prefix",
+            "conformance",
+            "--s3-endpoint",
+            moto_s3.url,
+            "--s3-region",
+            moto_s3.region,
+            "--s3-path-style",
+            "true",
+            "--flush-interval-s",
+            "0.05",
+            "--hot-retention-s",
+            "0",
+            env={
+                k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+            },
         )
     )
 
@@ -126,7 +156,9 @@ def test_conformance_suite_with_subscriptions(tmp_path: Path) -> None:
     """The whole suite including the reserved subscription APIs (webhooks to the suite's 127.0.0.1 receivers)."""
     _require_node()
     # The suite's webhook receivers listen on 127.0.0.1: loopback webhooks are for development only.
-    server = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "3", "--webhook-allow-loopback", "true").start()
+    server = ServerProcess(
+        tmp_path / "data", "--long-poll-timeout-s", "3", "--webhook-allow-loopback", "true"
+    ).start()
     try:
         passed, failed, out = run_suite(server.url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"})
     finally:

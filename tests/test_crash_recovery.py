@@ -47,19 +47,27 @@ CYCLES = 5
 # Small segments and frequent snapshots, so kills land around segment rolls
 # and recovery replays from snapshots as well as from the start of the log.
 SMALL_LOG = [
-    "--segment-bytes", str(MiB),
-    "--max-body-bytes", str(256 * 1024),
-    "--snapshot-every-bytes", str(3 * MiB),
-    "--read-chunk-bytes", str(512 * 1024),
+    "--segment-bytes",
+    str(MiB),
+    "--max-body-bytes",
+    str(256 * 1024),
+    "--snapshot-every-bytes",
+    str(3 * MiB),
+    "--read-chunk-bytes",
+    str(512 * 1024),
 ]
 # The cold tier working flat out: hot copies are dropped as soon as they are in
 # a cold object, so recovered reads come from Parquet objects and the kills
 # land in the middle of copies, trims and segment deletions.
 COLD_NOW = [
-    "--hot-retention-s", "0",
-    "--flush-interval-s", "0.2",
-    "--flush-bytes", str(MiB),
-    "--cold-object-bytes", str(MiB),
+    "--hot-retention-s",
+    "0",
+    "--flush-interval-s",
+    "0.2",
+    "--flush-bytes",
+    str(MiB),
+    "--cold-object-bytes",
+    str(MiB),
 ]
 PROFILES = {"hot": SMALL_LOG, "cold": SMALL_LOG + COLD_NOW}
 # (profile, seed); TIERED_CRASH_SEEDS=1,2,3 runs every profile with those seeds instead.
@@ -125,8 +133,14 @@ class Client:
     def __init__(self, srv: ServerProcess) -> None:
         self.srv = srv
 
-    def call(self, method: str, name: str, data: bytes | None = None, headers: dict[str, str] | None = None,
-             query: str = "") -> tuple[int, dict[str, str], bytes]:
+    def call(
+        self,
+        method: str,
+        name: str,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        query: str = "",
+    ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(
             f"{self.srv.url}/v1/stream/{name}{query}", data=data, method=method, headers=headers or {}
         )
@@ -319,7 +333,9 @@ def test_closed_answer_is_durable(tmp_path: Path) -> None:
             async with s.put(url + f"c{i}", headers={"Content-Type": OCTET}) as r:
                 assert r.status == 201
             busy = [
-                asyncio.create_task(s.post(url + "busy", data=bytes(15 * MiB), headers={"Content-Type": OCTET}))
+                asyncio.create_task(
+                    s.post(url + "busy", data=bytes(15 * MiB), headers={"Content-Type": OCTET})
+                )
                 for _ in range(2)
             ]
             await asyncio.sleep(0.03)

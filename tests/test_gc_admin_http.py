@@ -5,9 +5,9 @@
   ``POST``/``GET /v1/admin/gc`` and ``GET /metrics``; erased names are fenced forever.
 * Authentication, on a real ``tiered serve`` with ``TIERED_ADMIN_TOKEN`` set: no token,
   a wrong token or another scheme is 401 with ``WWW-Authenticate: Bearer``; the right one
-  works; ``/metrics`` needs none. Every refusal changes nothing.
+  works for every route, ``/metrics`` included. Every refusal changes nothing.
 * No token and a non-loopback listener: admin calls are 403. Tested without binding a
-  non-loopback address: ``AdminApi._refusal`` directly, and an in-process server whose
+  non-loopback address: ``AdminGuard.check`` directly, and an in-process server whose
   configuration says ``host = "0.0.0.0"`` while the test server itself listens on loopback.
 """
 
@@ -18,17 +18,17 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
+from tests.gc_support import HttpHarness, VirtualClock, make_config, object_files
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
-from tests.test_gc_support import HttpHarness, VirtualClock, make_config, object_files
 from tiered.config import Config
-from tiered.http_admin import AdminApi
+from tiered.errors import ErrorCode, TieredError
+from tiered.http.admin_auth import AdminGuard
+from tiered.http.types import Request
 from tiered.ids import format_offset
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,31 +36,52 @@ pytestmark = pytest.mark.timeout(120)
 GRACE_MS = 10_000
 TOKEN = "s3cret-admin-token"
 REPORT_KEYS = {
-    "dry_run", "started_ms", "finished_ms", "streams_expired", "retention_advanced", "bytes_released",
-    "objects_released", "objects_deleted", "bytes_deleted", "orphans_found", "orphans_deleted",
-    "segments_deleted", "would_delete", "errors", "integrity_errors",
+    "dry_run",
+    "started_ms",
+    "finished_ms",
+    "streams_expired",
+    "retention_advanced",
+    "bytes_released",
+    "objects_released",
+    "objects_deleted",
+    "bytes_deleted",
+    "orphans_found",
+    "orphans_deleted",
+    "segments_deleted",
+    "would_delete",
+    "errors",
+    "integrity_errors",
 }
-TOTALS_KEYS = {"passes", "bytes_reclaimed", "objects_deleted", "orphans_found", "integrity_errors", "last_pass_ms"}
+TOTALS_KEYS = {
+    "passes",
+    "bytes_reclaimed",
+    "objects_deleted",
+    "orphans_found",
+    "integrity_errors",
+    "errors",
+    "last_pass_ms",
+}
 OCTET = {"Content-Type": "application/octet-stream"}
 
 
 def err(body: bytes) -> str:
-    return json.loads(body)["error"]
+    return json.loads(body)["error"]["message"]
 
 
-def run(config: Config, body: Any, clock: VirtualClock | None = None, env: dict[str, str] | None = None) -> None:
+def run(
+    config: Config, body: Any, clock: VirtualClock | None = None, env: dict[str, str] | None = None
+) -> None:
     clock = clock or VirtualClock()
 
     async def main() -> None:
-        h = HttpHarness(config)
+        h = HttpHarness(config, clock=clock)
         await h.start()
         try:
             await body(h, clock)
         finally:
             await h.stop()
 
-    with clock.installed():
-        asyncio.run(main())
+    asyncio.run(main())
 
 
 @pytest.fixture
@@ -142,14 +163,17 @@ def test_retention_policy_route(tmp_path: Path, no_token_env: None) -> None:
         await h.bucket("metrics")
         await h.create("metrics", "cpu/host-1", b"x" * 10)
         state = h.s.state
-        status, headers, raw = await h.http("PUT", "/v1/admin/retention/metrics",
-                                            json_body={"retention_ms": 60_000, "retention_bytes": None})
+        status, headers, raw = await h.http(
+            "PUT", "/v1/admin/retention/metrics", json_body={"retention_ms": 60_000, "retention_bytes": None}
+        )
         assert status == 200 and headers["Content-Type"].startswith("application/json")
         assert json.loads(raw) == {"retention_ms": 60_000, "retention_bytes": None}
         assert state.bucket_retention["metrics"] == (60_000, None)
-        status, _, raw = await h.http("PUT", "/v1/admin/retention/metrics/cpu/host-1", json_body={"retention_bytes": 5})
+        status, _, raw = await h.http(
+            "PUT", "/v1/admin/retention/metrics/cpu/host-1", json_body={"retention_bytes": 5}
+        )
         assert (status, json.loads(raw)) == (200, {"retention_ms": None, "retention_bytes": 5})
-        s = h.s.lookup("metrics", "cpu/host-1")
+        s = h.s.streams.lookup("metrics", "cpu/host-1")
         assert (s.retention_ms, s.retention_bytes) == (None, 5)
         # An empty body clears the stream's own policy (it follows the bucket's again).
         status, _, raw = await h.http("PUT", "/v1/admin/retention/metrics/cpu/host-1", body=b"{}")
@@ -158,20 +182,47 @@ def test_retention_policy_route(tmp_path: Path, no_token_env: None) -> None:
 
         # Refusals, each changing nothing.
         cases = [
-            ("/v1/admin/retention/nope-bucket", {"retention_ms": 1}, 404, "bucket 'nope-bucket' does not exist"),
+            (
+                "/v1/admin/retention/nope-bucket",
+                {"retention_ms": 1},
+                404,
+                "bucket 'nope-bucket' does not exist",
+            ),
             ("/v1/admin/retention/metrics/no/such/stream", {"retention_ms": 1}, 404, "stream not found"),
-            ("/v1/admin/retention/metrics", {"retention_ms": -1}, 400, "retention_ms must not be negative"),
-            ("/v1/admin/retention/metrics", {"retention_bytes": -5}, 400, "retention_bytes must not be negative"),
-            ("/v1/admin/retention/Bad_Bucket", {"retention_ms": 1}, 400, None),
+            (
+                "/v1/admin/retention/metrics",
+                {"retention_ms": -1},
+                400,
+                "invalid request body: Expected `int` >= 0 - at `$.retention_ms`",
+            ),
+            (
+                "/v1/admin/retention/metrics",
+                {"retention_bytes": -5},
+                400,
+                "invalid request body: Expected `int` >= 0 - at `$.retention_bytes`",
+            ),
+            # Beyond 2^53 - 1 (and far beyond the journal's 64 bits): a 400, not an OverflowError.
+            (
+                "/v1/admin/retention/metrics",
+                {"retention_ms": 100000000000000000000},
+                400,
+                "invalid request body: Expected `int` <= 9007199254740991 - at `$.retention_ms`",
+            ),
+            (
+                "/v1/admin/retention/Bad_Bucket",
+                {"retention_ms": 1},
+                400,
+                "bucket names are 3-63 characters of lowercase letters, digits and '-', starting and ending with a "
+                "letter or digit",
+            ),
         ]
         for path, payload, want_status, want_error in cases:
             status, _, raw = await h.http("PUT", path, json_body=payload)
             assert status == want_status, (path, status, raw)
-            if want_error is not None:
-                assert err(raw) == want_error
+            assert err(raw) == want_error
         for raw_body in (b"not json", b'{"retention_ms": "soon"}', b'{"retention_days": 1}', b"[1, 2]"):
             status, _, raw = await h.http("PUT", "/v1/admin/retention/metrics", body=raw_body)
-            assert status == 400 and err(raw).startswith("invalid JSON body"), (raw_body, raw)
+            assert status == 400 and err(raw).startswith("invalid request body"), (raw_body, raw)
         assert state.bucket_retention["metrics"] == (60_000, None)
         assert (s.retention_ms, s.retention_bytes) == (None, None)
 
@@ -191,8 +242,9 @@ def test_retain_route_and_what_readers_see(tmp_path: Path, no_token_env: None) -
         await h.append("default", "orders", b"hot-tail")
         data = b"".join(records) + b"hot-tail"
         cut = len(records[0])
-        status, headers, raw = await h.http("POST", "/v1/admin/retain/default/orders",
-                                            json_body={"offset": format_offset(cut)})
+        status, headers, raw = await h.http(
+            "POST", "/v1/admin/retain/default/orders", json_body={"offset": format_offset(cut)}
+        )
         assert (status, raw, headers["Stream-Retained-Offset"]) == (204, b"", format_offset(cut))
 
         status, headers, _ = await h.http("HEAD", url)
@@ -212,11 +264,14 @@ def test_retain_route_and_what_readers_see(tmp_path: Path, no_token_env: None) -
         assert status == 410 and headers["Stream-Next-Offset"] == format_offset(cut)
 
         # Never backwards: 204, and the header shows the offset that still holds.
-        status, headers, _ = await h.http("POST", "/v1/admin/retain/default/orders", json_body={"offset": format_offset(1)})
+        status, headers, _ = await h.http(
+            "POST", "/v1/admin/retain/default/orders", json_body={"offset": format_offset(1)}
+        )
         assert (status, headers["Stream-Retained-Offset"]) == (204, format_offset(cut))
         # To the tail: everything is released, reads from -1 are empty and up to date.
-        status, headers, _ = await h.http("POST", "/v1/admin/retain/default/orders",
-                                          json_body={"offset": format_offset(len(data))})
+        status, headers, _ = await h.http(
+            "POST", "/v1/admin/retain/default/orders", json_body={"offset": format_offset(len(data))}
+        )
         assert (status, headers["Stream-Retained-Offset"]) == (204, format_offset(len(data)))
         status, headers, raw = await h.http("GET", url + "?offset=-1")
         assert (status, raw, headers["Stream-Up-To-Date"]) == (200, b"", "true")
@@ -224,8 +279,12 @@ def test_retain_route_and_what_readers_see(tmp_path: Path, no_token_env: None) -
 
         # Refusals change nothing.
         cases = [
-            ("/v1/admin/retain/default/orders", {"offset": format_offset(len(data) + 1)}, 400,
-             "the retained offset is beyond the stream's tail"),
+            (
+                "/v1/admin/retain/default/orders",
+                {"offset": format_offset(len(data) + 1)},
+                400,
+                "the retained offset is beyond the stream's tail",
+            ),
             ("/v1/admin/retain/default/orders", {"offset": "12"}, 400, "malformed offset '12'"),
             ("/v1/admin/retain/default/missing", {"offset": format_offset(0)}, 404, "stream not found"),
             ("/v1/admin/retain/nope-bucket/orders", {"offset": format_offset(0)}, 404, "stream not found"),
@@ -235,8 +294,8 @@ def test_retain_route_and_what_readers_see(tmp_path: Path, no_token_env: None) -
             assert (status, err(raw)) == (want_status, want_error), path
         for raw_body in (b"{}", b"nope", b'{"offset": 5}'):
             status, _, raw = await h.http("POST", "/v1/admin/retain/default/orders", body=raw_body)
-            assert status == 400 and err(raw).startswith("invalid JSON body"), raw_body
-        assert h.s.lookup("default", "orders").retained_from == len(data)
+            assert status == 400 and err(raw).startswith("invalid request body"), raw_body
+        assert h.s.streams.lookup("default", "orders").retained_from == len(data)
 
     run(config, body)
 
@@ -261,21 +320,41 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
         assert status == 200
         assert json.loads(raw) == {
             "pending_deletions": 0,
-            "totals": {"passes": 0, "bytes_reclaimed": 0, "objects_deleted": 0, "orphans_found": 0,
-                       "integrity_errors": 0, "last_pass_ms": 0},
+            "totals": {
+                "passes": 0,
+                "bytes_reclaimed": 0,
+                "objects_deleted": 0,
+                "orphans_found": 0,
+                "integrity_errors": 0,
+                "errors": 0,
+                "last_pass_ms": 0,
+            },
             "last_pass": None,
         }
         status, headers, raw = await h.http("GET", "/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
         m = metrics(raw.decode())
         assert set(m) == {
-            "tiered_streams", "tiered_hot_bytes", "tiered_cold_objects", "tiered_cold_bytes",
-            "tiered_cold_puts_total", "tiered_cold_bytes_uploaded_total", "tiered_cold_flush_failures_total",
-            "tiered_gc_pending_deletions", "tiered_gc_bytes_reclaimed_total", "tiered_gc_objects_deleted_total",
-            "tiered_gc_orphans_found_total", "tiered_gc_integrity_errors", "tiered_gc_last_pass_timestamp_seconds",
-            'tiered_integrity_errors_total{tier="hot"}', 'tiered_integrity_errors_total{tier="cold"}',
-            "tiered_hot_damaged_frames", "tiered_cold_flush_damaged_streams", "tiered_live_readers",
-            "tiered_store_stalls_total", "tiered_store_reachable",
+            "tiered_streams",
+            "tiered_hot_bytes",
+            "tiered_cold_objects",
+            "tiered_cold_bytes",
+            "tiered_cold_puts_total",
+            "tiered_cold_bytes_uploaded_total",
+            "tiered_cold_flush_failures_total",
+            "tiered_gc_pending_deletions",
+            "tiered_gc_bytes_reclaimed_total",
+            "tiered_gc_objects_deleted_total",
+            "tiered_gc_orphans_found_total",
+            "tiered_gc_integrity_errors",
+            "tiered_gc_last_pass_timestamp_seconds",
+            'tiered_integrity_errors_total{tier="hot"}',
+            'tiered_integrity_errors_total{tier="cold"}',
+            "tiered_hot_damaged_frames",
+            "tiered_cold_flush_damaged_streams",
+            "tiered_live_readers",
+            "tiered_store_stalls_total",
+            "tiered_store_reachable",
         }
         assert all(v == 0 for k, v in m.items() if k != "tiered_store_reachable"), m
         for line in raw.decode().splitlines():
@@ -303,7 +382,9 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
         clock.ms = released + GRACE_MS
         status, _, raw = await h.http("POST", "/v1/admin/gc?dry_run=1")
         report = json.loads(raw)
-        assert report["would_delete"] == [{"key": key, "bytes": size, "reason": "no owner left; grace delay passed"}]
+        assert report["would_delete"] == [
+            {"key": key, "bytes": size, "reason": "no owner left; grace delay passed"}
+        ]
         assert report["objects_deleted"] == 0 and object_files(config.data_path) == {key}
         status, _, raw = await h.http("GET", "/v1/admin/gc")
         assert json.loads(raw)["last_pass"] is None and json.loads(raw)["pending_deletions"] == 1
@@ -332,11 +413,15 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
         # An integrity error shows in the report, the status and the gauge.
         await h.create("default", "e", b"e" * 100)
         await h.flush()
-        clock.advance(1)  # (an object committed in the very ms of a listing may legitimately be missing from it)
+        clock.advance(
+            1
+        )  # (an object committed in the very ms of a listing may legitimately be missing from it)
         [key2] = h.s.state.cold_objects
         (config.data_path / "cold" / key2).unlink()
         report = json.loads((await h.http("POST", "/v1/admin/gc"))[2])
-        assert report["integrity_errors"] == [f"{key2}: referenced by metadata but missing from the object store"]
+        assert report["integrity_errors"] == [
+            f"{key2}: referenced by metadata but missing from the object store"
+        ]
         m = metrics((await h.http("GET", "/metrics"))[2].decode())
         assert m["tiered_gc_integrity_errors"] == 1
         assert json.loads((await h.http("GET", "/v1/admin/gc"))[2])["totals"]["integrity_errors"] == 1
@@ -349,8 +434,14 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
 
 @pytest.fixture(scope="module")
 def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("admin-auth") / "data", "--gc-grace-s", "0",
-                        "--long-poll-timeout-s", "2", env={"TIERED_ADMIN_TOKEN": TOKEN}).start()
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("admin-auth") / "data",
+        "--gc-grace-s",
+        "0",
+        "--long-poll-timeout-s",
+        "2",
+        env={"TIERED_ADMIN_TOKEN": TOKEN},
+    ).start()
     try:
         yield srv
     finally:
@@ -403,8 +494,12 @@ def test_admin_token_is_required_and_refusals_change_nothing(token_server: Serve
     assert request("GET", base + "/metrics", auth)[0] == 200
 
     # The right token (scheme is case-insensitive) works for every route.
-    status, h, _ = request("POST", base + "/v1/admin/retain/guarded/s", {"authorization": f"bearer {TOKEN}"},
-                           json.dumps({"offset": format_offset(3)}).encode())
+    status, h, _ = request(
+        "POST",
+        base + "/v1/admin/retain/guarded/s",
+        {"authorization": f"bearer {TOKEN}"},
+        json.dumps({"offset": format_offset(3)}).encode(),
+    )
     assert (status, h["Stream-Retained-Offset"]) == (204, format_offset(3))
     assert request("GET", s_url + "?offset=-1")[2] == b"def"
     status, _, raw = request("PUT", base + "/v1/admin/retention/guarded/s", auth, b'{"retention_bytes": 1}')
@@ -422,35 +517,41 @@ def test_admin_token_is_required_and_refusals_change_nothing(token_server: Serve
 
 
 def test_refusal_decision_unit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``AdminApi._refusal``: no token on a non-loopback host -> 403; on loopback -> allowed."""
+    """``AdminGuard.check``: no token on a non-loopback host -> 403; on loopback -> allowed."""
     monkeypatch.delenv("TIERED_ADMIN_TOKEN", raising=False)
 
-    def api(host: str, token: str | None = None) -> AdminApi:
-        if token is None:
-            monkeypatch.delenv("TIERED_ADMIN_TOKEN", raising=False)
-        else:
-            monkeypatch.setenv("TIERED_ADMIN_TOKEN", token)
-        return AdminApi(SimpleNamespace(config=Config(host=host)))  # type: ignore[arg-type]
+    def guard(host: str, token: str | None = None) -> AdminGuard:
+        return AdminGuard(token, loopback_only=Config(host=host).loopback_only)
 
-    def req(headers: dict[str, str] | None = None) -> Any:
-        return make_mocked_request("DELETE", "/v1/buckets/b", headers=headers or {})
+    def req(headers: dict[str, str] | None = None) -> Request:
+        async def read() -> bytes:
+            return b""
+
+        return Request("DELETE", "/v1/buckets/b", "", headers or {}, read)
+
+    def refusal(g: AdminGuard, r: Request) -> TieredError | None:
+        try:
+            g.check(r)
+        except TieredError as exc:
+            return exc
+        return None
 
     for host in ("0.0.0.0", "::", "10.1.2.3", "example.com"):
-        refusal = api(host)._refusal(req({"Authorization": "Bearer anything"}))
-        assert refusal is not None and refusal.status == 403
-        assert json.loads(refusal.body)["error"] == (  # type: ignore[arg-type]
+        refused = refusal(guard(host), req({"Authorization": "Bearer anything"}))
+        assert refused is not None and refused.code is ErrorCode.ADMIN_DISABLED
+        assert refused.message == (
             "admin operations are disabled: configure an admin token (--admin-token-file or TIERED_ADMIN_TOKEN)"
         )
     for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
-        assert api(host)._refusal(req()) is None
+        assert refusal(guard(host), req()) is None
     # With a token the host does not matter: the token does.
     for host in ("0.0.0.0", "127.0.0.1"):
-        a = api(host, TOKEN)
-        refusal = a._refusal(req())
-        assert refusal is not None and refusal.status == 401 and refusal.headers["WWW-Authenticate"] == "Bearer"
-        wrong = a._refusal(req({"Authorization": "Bearer nope"}))
-        assert wrong is not None and wrong.status == 401
-        assert a._refusal(req({"Authorization": f"Bearer {TOKEN}"})) is None
+        g = guard(host, TOKEN)
+        missing = refusal(g, req())
+        assert missing is not None and missing.code is ErrorCode.UNAUTHORIZED
+        wrong = refusal(g, req({"Authorization": "Bearer nope"}))
+        assert wrong is not None and wrong.code is ErrorCode.UNAUTHORIZED
+        assert refusal(g, req({"Authorization": f"Bearer {TOKEN}"})) is None
 
 
 def test_non_loopback_without_token_refuses_every_admin_route(tmp_path: Path, no_token_env: None) -> None:
@@ -465,7 +566,7 @@ def test_non_loopback_without_token_refuses_every_admin_route(tmp_path: Path, no
             assert status == 403, (method, url)
             assert err(raw).startswith("admin operations are disabled")
         assert "guarded" in h.s.state.buckets and h.s.state.bucket_retention == {}
-        s = h.s.lookup("guarded", "s")
+        s = h.s.streams.lookup("guarded", "s")
         assert (s.retained_from, s.retention_bytes) == (0, None)
         assert h.s.gc is not None and h.s.gc.totals.passes == 0
         assert (await h.http("GET", "/metrics"))[0] == 403
@@ -474,7 +575,9 @@ def test_non_loopback_without_token_refuses_every_admin_route(tmp_path: Path, no
     run(config, body)
 
 
-def test_integrity_error_gauge_holds_until_a_reconciliation_clears_it(tmp_path: Path, no_token_env: None) -> None:
+def test_integrity_error_gauge_holds_until_a_reconciliation_clears_it(
+    tmp_path: Path, no_token_env: None
+) -> None:
     config = make_config(tmp_path / "data")
 
     async def body(h: HttpHarness, clock: VirtualClock) -> None:

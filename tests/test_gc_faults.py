@@ -36,9 +36,7 @@ from typing import Any
 import pytest
 
 from tests import s3_server
-from tests.http_helpers import request as http
-from tests.server_process import ServerProcess
-from tests.test_gc_support import (
+from tests.gc_support import (
     ControlledStore,
     Harness,
     VirtualClock,
@@ -47,18 +45,20 @@ from tests.test_gc_support import (
     make_config,
     object_files,
 )
-from tiered.cold.flusher import key_time_ms, new_object_key
+from tests.http_helpers import request as http
+from tests.server_process import ServerProcess
+from tiered.cold.keys import key_time_ms, new_object_key
 from tiered.cold.retry import RetryPolicy
 from tiered.cold.s3 import S3Store
 from tiered.config import Config
-from tiered.records import (
+from tiered.node import Node
+from tiered.streams.records import (
     ColdCopyAborted,
     ColdCopyCommitted,
     ColdCopyStarted,
     ColdDeleteFinished,
     ColdDeleteStarted,
 )
-from tiered.service import StreamService
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,7 +74,7 @@ class SimulatedCrash(Exception):
     """The process 'dies' here: raised after the journal stopped accepting records."""
 
 
-def die_here(svc: StreamService, where: str) -> None:
+def die_here(svc: Node, where: str) -> None:
     svc.journal.failed = SimulatedCrash(f"process died {where}")
     raise SimulatedCrash(where)
 
@@ -117,8 +117,13 @@ def config_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Con
         return make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     endpoint: s3_server.S3Endpoint = request.getfixturevalue("moto_s3")
     return make_config(
-        tmp_path / "data", gc_grace_s=GRACE_MS / 1000, cold_store="s3", s3_bucket=endpoint.bucket,
-        s3_prefix=f"faults-{time.monotonic_ns()}", s3_endpoint=endpoint.url, s3_region=endpoint.region,
+        tmp_path / "data",
+        gc_grace_s=GRACE_MS / 1000,
+        cold_store="s3",
+        s3_bucket=endpoint.bucket,
+        s3_prefix=f"faults-{time.monotonic_ns()}",
+        s3_endpoint=endpoint.url,
+        s3_region=endpoint.region,
         s3_path_style=True,
     )
 
@@ -143,7 +148,7 @@ async def setup_released_object(h: Harness, clock: VirtualClock) -> tuple[str, s
     await h.flush()
     [gone_key] = set(h.s.state.cold_objects) - {kept_key}
     clock.advance(1_000)
-    await h.s.erase_bucket("gone")
+    await h.s.streams.erase_bucket("gone")
     assert h.s.state.cold_objects[gone_key].refs == 0
     return kept_key, gone_key, clock.ms
 
@@ -151,10 +156,12 @@ async def setup_released_object(h: Harness, clock: VirtualClock) -> tuple[str, s
 # --------------------------------------------------------------------------- crash points
 
 
-def test_crash_after_upload_before_commit(tmp_path: Path, store_kind: str, request: pytest.FixtureRequest) -> None:
+def test_crash_after_upload_before_commit(
+    tmp_path: Path, store_kind: str, request: pytest.FixtureRequest
+) -> None:
     config = config_for(store_kind, tmp_path, request)
     clock = VirtualClock()
-    h = Harness(config, wrap=lambda inner: CrashingStore(inner, h))
+    h = Harness(config, wrap=lambda inner: CrashingStore(inner, h), clock=clock)
     data = [b"first " * 100, b"second " * 50]
 
     async def body() -> None:
@@ -208,8 +215,7 @@ def test_crash_after_upload_before_commit(tmp_path: Path, store_kind: str, reque
         assert (report.orphans_found, report.objects_deleted, report.integrity_errors) == (0, 0, [])
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
     records = journal_records(config.data_path)
     started = [r for r in records if isinstance(r, ColdDeleteStarted)]
     finished = [r for r in records if isinstance(r, ColdDeleteFinished)]
@@ -217,13 +223,14 @@ def test_crash_after_upload_before_commit(tmp_path: Path, store_kind: str, reque
 
 
 @pytest.mark.parametrize("crash_point", ["before", "after"])
-def test_crash_around_the_store_delete(tmp_path: Path, store_kind: str, crash_point: str,
-                                       request: pytest.FixtureRequest) -> None:
+def test_crash_around_the_store_delete(
+    tmp_path: Path, store_kind: str, crash_point: str, request: pytest.FixtureRequest
+) -> None:
     """'before': ColdDeleteStarted journaled, object still there. 'after': object gone, no
     ColdDeleteFinished. Either way the next pass after a restart finishes the delete."""
     config = config_for(store_kind, tmp_path, request)
     clock = VirtualClock()
-    h = Harness(config, wrap=lambda inner: CrashingStore(inner, h))
+    h = Harness(config, wrap=lambda inner: CrashingStore(inner, h), clock=clock)
 
     async def body() -> None:
         await h.start()
@@ -245,7 +252,9 @@ def test_crash_around_the_store_delete(tmp_path: Path, store_kind: str, crash_po
         assert await stored_keys(h) == expected
         # A dry run says what is pending and why, and changes nothing.
         report = await h.gc(released + GRACE_MS, dry_run=True)
-        assert [(w["key"], w["reason"]) for w in report.would_delete] == [(gone, "delete interrupted earlier")]
+        assert [(w["key"], w["reason"]) for w in report.would_delete] == [
+            (gone, "delete interrupted earlier")
+        ]
         assert report.integrity_errors == []
         assert await stored_keys(h) == expected and gone in h.s.state.cold_objects
         # The next pass completes it, idempotently, with no integrity error.
@@ -255,14 +264,18 @@ def test_crash_around_the_store_delete(tmp_path: Path, store_kind: str, crash_po
         assert await stored_keys(h) == {kept}
         assert await h.read("kept", "s") == b"".join(KEPT)
         report = await h.gc(released + 2 * GRACE_MS)
-        assert (report.objects_deleted, report.orphans_found, report.errors, report.integrity_errors) == (0, 0, [], [])
+        assert (report.objects_deleted, report.orphans_found, report.errors, report.integrity_errors) == (
+            0,
+            0,
+            [],
+            [],
+        )
         await h.restart(crash=True)
         assert set(h.s.state.cold_objects) == {kept}
         assert await h.read("kept", "s") == b"".join(KEPT)
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
     records = journal_records(config.data_path)
     started = [r.keys for r in records if isinstance(r, ColdDeleteStarted)]
     finished = [r.keys for r in records if isinstance(r, ColdDeleteFinished)]
@@ -277,7 +290,9 @@ def test_crash_around_the_store_delete(tmp_path: Path, store_kind: str, crash_po
 def _observable(h: Harness) -> dict[str, Any]:
     st = h.s.state
     return {
-        "streams": sorted((s.bucket, s.path, s.tail, s.retained_from, s.soft_deleted) for s in st.streams.values()),
+        "streams": sorted(
+            (s.bucket, s.path, s.tail, s.retained_from, s.soft_deleted) for s in st.streams.values()
+        ),
         "objects": sorted((k, o.refs) for k, o in st.cold_objects.items()),
         "buckets": sorted(st.buckets),
         "erased": sorted(st.erased_buckets),
@@ -288,7 +303,7 @@ def _observable(h: Harness) -> dict[str, Any]:
 def test_store_errors_and_timeouts_are_reported_and_block_nothing(tmp_path: Path, fault: str) -> None:
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     clock = VirtualClock()
-    h = Harness(config, wrap=lambda inner: ControlledStore(inner, hang_s=1.5))
+    h = Harness(config, wrap=lambda inner: ControlledStore(inner, hang_s=1.5), clock=clock)
     op, mode = fault.split("-")
 
     async def body() -> None:
@@ -315,7 +330,7 @@ def test_store_errors_and_timeouts_are_reported_and_block_nothing(tmp_path: Path
             await h.create("other", "x", b"x" * 100)
             assert await h.flush() >= 1
             assert h.s.state.hot_bytes == 0
-            await h.s.erase_bucket("other")
+            await h.s.streams.erase_bucket("other")
             assert time.monotonic() - t1 < 1.0 and not gc_task.done()
         report = await gc_task
         if mode == "hang":
@@ -357,8 +372,7 @@ def test_store_errors_and_timeouts_are_reported_and_block_nothing(tmp_path: Path
         assert (report.errors, report.integrity_errors, report.objects_deleted) == ([], [], 0)
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
 
 
 def test_delete_rejected_per_key_is_reported_and_retried(tmp_path: Path) -> None:
@@ -376,7 +390,7 @@ def test_delete_rejected_per_key_is_reported_and_retried(tmp_path: Path) -> None
 
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     clock = VirtualClock()
-    h = Harness(config, wrap=PartialStore)
+    h = Harness(config, wrap=PartialStore, clock=clock)
 
     async def body() -> None:
         await h.start()
@@ -393,8 +407,7 @@ def test_delete_rejected_per_key_is_reported_and_retried(tmp_path: Path) -> None
         assert gone not in h.s.state.cold_objects and await store.inner.head(gone) is None
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
 
 
 # --------------------------------------------------------------------------- a real S3Store timing out
@@ -432,12 +445,13 @@ def black_hole() -> Iterator[str]:
 
 @pytest.mark.parametrize("failure", ["timeout", "no-such-bucket"])
 def test_real_s3_failures_on_delete_and_list_fail_the_step_not_the_pass(
-        tmp_path: Path, failure: str, request: pytest.FixtureRequest, aws_test_env: None) -> None:
+    tmp_path: Path, failure: str, request: pytest.FixtureRequest, aws_test_env: None
+) -> None:
     """A real S3Store whose endpoint never answers (its timeouts fire, retries run out), or that
     answers every call with an error (moto, a bucket that does not exist)."""
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     clock = VirtualClock()
-    h = Harness(config)
+    h = Harness(config, clock=clock)
     if failure == "timeout":
         endpoint, bucket = request.getfixturevalue("black_hole"), "tiered-test"
     else:
@@ -448,8 +462,14 @@ def test_real_s3_failures_on_delete_and_list_fail_the_step_not_the_pass(
         kept, gone, released = await setup_released_object(h, clock)
         local = h.s.store
         broken = await S3Store(
-            bucket, "broken", endpoint_url=endpoint, region="us-east-1", path_style=True,
-            retry=RetryPolicy(attempts=2, base=0.01, cap=0.01), connect_timeout=0.5, read_timeout=0.3,
+            bucket,
+            "broken",
+            endpoint_url=endpoint,
+            region="us-east-1",
+            path_style=True,
+            retry=RetryPolicy(attempts=2, base=0.01, cap=0.01),
+            connect_timeout=0.5,
+            read_timeout=0.3,
             attempt_timeout=1.0,
         ).open()
         try:
@@ -474,8 +494,7 @@ def test_real_s3_failures_on_delete_and_list_fail_the_step_not_the_pass(
         assert await h.read("kept", "s") == b"".join(KEPT) + b"more"
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
 
 
 # --------------------------------------------------------------------------- a real SIGKILL
@@ -484,12 +503,23 @@ def test_real_s3_failures_on_delete_and_list_fail_the_step_not_the_pass(
 def test_sigkill_after_erasure_then_gc_after_restart(tmp_path: Path) -> None:
     """Acknowledged erasure survives SIGKILL; after the restart GC deletes only what nobody owns."""
     data = tmp_path / "data"
-    args = ("--flush-interval-s", "0.1", "--hot-retention-s", "0", "--gc-grace-s", "0", "--gc-interval-s", "3600")
+    args = (
+        "--flush-interval-s",
+        "0.1",
+        "--hot-retention-s",
+        "0",
+        "--gc-grace-s",
+        "0",
+        "--gc-interval-s",
+        "3600",
+    )
     ct = {"Content-Type": "application/octet-stream"}
 
     def cold_objects(srv: ServerProcess) -> int:
         body = http("GET", srv.url + "/metrics")[2].decode()
-        return int(next(line for line in body.splitlines() if line.startswith("tiered_cold_objects ")).split()[1])
+        return int(
+            next(line for line in body.splitlines() if line.startswith("tiered_cold_objects ")).split()[1]
+        )
 
     def wait(cond: Any) -> None:
         deadline = time.monotonic() + 15

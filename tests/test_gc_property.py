@@ -39,14 +39,15 @@ from hypothesis import event as _event
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from tests.test_gc_support import (
+from tests.error_helpers import http_status
+from tests.gc_support import (
     Harness,
     VirtualClock,
     make_config,
     object_files,
     segment_ids,
 )
-from tiered.state import StreamError
+from tiered.errors import TieredError as StreamError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -122,8 +123,13 @@ class Model:
 
 sizes = st.one_of(st.integers(1, 300), st.integers(1, 300), st.integers(60_000, 200_000))
 pick = st.integers(0, 63)
-create_op = st.tuples(st.just("create"), st.integers(0, 3), st.integers(0, 3), st.one_of(st.just(0), sizes),
-                      st.sampled_from([None, None, 5, 60]))
+create_op = st.tuples(
+    st.just("create"),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.one_of(st.just(0), sizes),
+    st.sampled_from([None, None, 5, 60]),
+)
 append_op = st.tuples(st.just("append"), pick, sizes)
 ops = st.one_of(
     create_op,
@@ -135,8 +141,13 @@ ops = st.one_of(
     st.tuples(st.just("flush")),
     st.tuples(st.just("flush")),
     st.tuples(st.just("retain"), pick, st.integers(0, 1000)),
-    st.tuples(st.just("policy"), st.integers(0, 3), st.one_of(st.none(), pick),
-              st.sampled_from([None, 2_000, 30_000]), st.sampled_from([None, 0, 100, 5_000, 150_000])),
+    st.tuples(
+        st.just("policy"),
+        st.integers(0, 3),
+        st.one_of(st.none(), pick),
+        st.sampled_from([None, 2_000, 30_000]),
+        st.sampled_from([None, 0, 100, 5_000, 150_000]),
+    ),
     st.tuples(st.just("advance"), st.sampled_from([1_000, 4_000, 11_000, 70_000])),
     st.tuples(st.just("advance"), st.sampled_from([1_000, 4_000, 11_000, 70_000])),
     st.tuples(st.just("bulk"), pick),
@@ -152,7 +163,7 @@ class Run:
     def __init__(self, data_dir: Path, clock: VirtualClock) -> None:
         self.config = make_config(data_dir, gc_grace_s=GRACE_MS / 1000)
         self.clock = clock
-        self.h = Harness(self.config)
+        self.h = Harness(self.config, clock=clock)
         self.m = Model()
         self.log: list[str] = []
         self.done: list[str] = []  # kinds of operations that changed something (for statistics)
@@ -163,24 +174,26 @@ class Run:
         now = self.clock.ms
         svc = self.h.s
         for ms in self.m.live(now):
-            s = svc.lookup(ms.bucket, ms.path)
+            s = svc.streams.lookup(ms.bucket, ms.path)
             assert s.tail == len(ms.data), (ms.bucket, ms.path, s.tail, len(ms.data))
             assert s.retained_from == ms.retained, (ms.bucket, ms.path, s.retained_from, ms.retained)
-            got = await svc.read(s, ms.retained, svc.view(s).tail)
-            assert got == bytes(ms.data[ms.retained:]), (ms.bucket, ms.path, "bytes differ")
+            got = await svc.streams.read(s, ms.retained, svc.streams.view(s).tail)
+            assert got == bytes(ms.data[ms.retained :]), (ms.bucket, ms.path, "bytes differ")
         live = {(s.bucket, s.path) for s in self.m.live(now)}
-        for bucket, path in self.m.gone + [(s.bucket, s.path) for s in self.m.streams if self.m.expired(s, now)]:
+        for bucket, path in self.m.gone + [
+            (s.bucket, s.path) for s in self.m.streams if self.m.expired(s, now)
+        ]:
             if (bucket, path) in live:
                 continue
             with pytest.raises(StreamError) as err:
-                svc.lookup(bucket, path)
-            assert err.value.status in (404, 410)
+                svc.streams.lookup(bucket, path)
+            assert http_status(err.value) in (404, 410)
 
     def check_policy_moves(self, now: int) -> None:
         """Retained offsets a GC pass moved: by the policies' rules only."""
         for ms in self.m.live(now):
             old = ms.retained
-            s = self.h.s.lookup(ms.bucket, ms.path)
+            s = self.h.s.streams.lookup(ms.bucket, ms.path)
             new = s.retained_from
             assert old <= new <= len(ms.data), (ms.path, old, new)
             age, size = self.m.effective_policy(ms)
@@ -199,7 +212,12 @@ class Run:
                 boundaries = {old, len(ms.data)} | {r.start for r in ms.records} | {r.end for r in ms.records}
                 want = old if target <= old else max(b for b in boundaries if old <= b <= target)
                 if age is None:
-                    assert new == want, (ms.path, new, want, "size retention must keep at least the limit, exactly")
+                    assert new == want, (
+                        ms.path,
+                        new,
+                        want,
+                        "size retention must keep at least the limit, exactly",
+                    )
                 else:
                     assert new >= want, (ms.path, new, want, "the byte limit releases at least this much")
             ms.retained = new
@@ -212,7 +230,9 @@ class Run:
 
     def path_free(self, bucket: str, path: str) -> bool:
         """Whether a create at (bucket, path) can make a new stream (and stays clear of a known bug)."""
-        if self.m.find(bucket, path) is not None and not self.m.expired(self.m.find(bucket, path), self.clock.ms):
+        if self.m.find(bucket, path) is not None and not self.m.expired(
+            self.m.find(bucket, path), self.clock.ms
+        ):
             return False
         held = self.h.s.state.find(bucket, path)
         if held is None:
@@ -224,7 +244,9 @@ class Run:
 
     async def op(self, op: tuple) -> None:  # type: ignore[type-arg]
         if await self._op(op):
-            self.done.append(op[0] if op[0] not in ("gc", "gc-after-grace", "restart") else f"{op[0]} {op[1]}")
+            self.done.append(
+                op[0] if op[0] not in ("gc", "gc-after-grace", "restart") else f"{op[0]} {op[1]}"
+            )
 
     async def _op(self, op: tuple) -> bool | None:  # type: ignore[type-arg]
         svc, m, now = self.h.s, self.m, self.clock.ms
@@ -236,7 +258,7 @@ class Run:
             if bucket in m.erased:
                 with pytest.raises(StreamError) as err:
                     await self.h.create(bucket, path, b"x")
-                assert err.value.status == 409
+                assert http_status(err.value) == 409
                 return
             if not self.path_free(bucket, path):
                 return
@@ -298,7 +320,7 @@ class Run:
             if ms is None:
                 return
             offset = len(ms.data) * permille // 1000
-            s = await svc.retain_from(ms.bucket, ms.path, offset)
+            s = await svc.streams.retain_from(ms.bucket, ms.path, offset)
             ms.retained = max(ms.retained, offset)
             assert s.retained_from == ms.retained
         elif kind == "policy":
@@ -307,13 +329,13 @@ class Run:
             if i is None:
                 if bucket in m.erased:
                     return
-                await svc.set_retention(bucket, None, age, size)
+                await svc.streams.set_retention(bucket, None, age, size)
                 m.bucket_policy[bucket] = (age, size)
             else:
                 ms = self.pick(i)
                 if ms is None:
                     return
-                await svc.set_retention(ms.bucket, ms.path, age, size)
+                await svc.streams.set_retention(ms.bucket, ms.path, age, size)
                 ms.policy = (age, size)
         elif kind == "advance":
             self.clock.advance(op[1])
@@ -321,16 +343,16 @@ class Run:
             ms = self.pick(op[1])
             if ms is None:
                 return
-            await svc.delete(ms.bucket, ms.path)
+            await svc.streams.delete(ms.bucket, ms.path)
             m.drop(ms)
         elif kind == "erase":
             bucket = BUCKETS[op[1]]
             if bucket in m.erased:
                 with pytest.raises(StreamError) as err:
-                    await svc.erase_bucket(bucket)
-                assert err.value.status == 410
+                    await svc.streams.erase_bucket(bucket)
+                assert http_status(err.value) == 410
                 return
-            await svc.erase_bucket(bucket)
+            await svc.streams.erase_bucket(bucket)
             m.erased.add(bucket)
             m.bucket_policy.pop(bucket, None)
             for ms in [s for s in m.streams if s.bucket == bucket]:
@@ -366,12 +388,12 @@ class Run:
         event(f"objects before the end: {min(len(svc.state.cold_objects), 5)}")
         for bucket in BUCKETS[1:]:
             if bucket not in m.erased:
-                await svc.erase_bucket(bucket)
+                await svc.streams.erase_bucket(bucket)
                 m.erased.add(bucket)
         now = self.clock.ms
         for ms in list(m.streams):
             if ms.bucket == "default" and not m.expired(ms, now):
-                await svc.delete(ms.bucket, ms.path)
+                await svc.streams.delete(ms.bucket, ms.path)
         for ms in list(m.streams):
             m.drop(ms)
         report = await self.h.gc(self.clock.ms)  # journals the expiry of streams whose TTL ran out
@@ -381,7 +403,7 @@ class Run:
             report = await self.h.gc(self.clock.ms, reconcile=True)
             assert report.errors == [] and report.integrity_errors == [], report
             await svc.journal.snapshot(svc.state)  # moves the replay floor past old segments
-            svc._last_segment_snapshot = -1e9
+            svc.reaper._last_snapshot = float("-inf")
             assert svc.flusher is not None
             await svc.flusher.release_hot_copies()
         state = svc.state
@@ -399,28 +421,31 @@ class Run:
 
 async def run_sequence(data_dir: Path, sequence: list[tuple]) -> None:  # type: ignore[type-arg]
     clock = VirtualClock()
-    with clock.installed():
-        r = Run(data_dir, clock)
-        await r.h.start()
-        try:
-            for b in BUCKETS[1:]:
-                await r.h.bucket(b)
-            for op in sequence:
-                await r.op(op)
-                await r.check()
-            for name in sorted(set(r.done)):
-                event(f"ran {name}")
-            await r.finish()
-        except BaseException:
-            print("steps:\n  " + "\n  ".join(r.log))
-            if r.h.svc is not None:
-                await r.h.crash()
-            raise
+    r = Run(data_dir, clock)
+    await r.h.start()
+    try:
+        for b in BUCKETS[1:]:
+            await r.h.bucket(b)
+        for op in sequence:
+            await r.op(op)
+            await r.check()
+        for name in sorted(set(r.done)):
+            event(f"ran {name}")
+        await r.finish()
+    except BaseException:
+        print("steps:\n  " + "\n  ".join(r.log))
+        if r.h.svc is not None:
+            await r.h.crash()
+        raise
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(prelude=st.lists(create_op, min_size=2, max_size=4), sequence=st.lists(ops, min_size=8, max_size=24))
-def test_gc_never_loses_a_live_byte_and_leaves_nothing_behind(prelude: list[tuple], sequence: list[tuple]) -> None:  # type: ignore[type-arg]
+def test_gc_never_loses_a_live_byte_and_leaves_nothing_behind(
+    prelude: list[tuple], sequence: list[tuple]
+) -> None:  # type: ignore[type-arg]
     with tempfile.TemporaryDirectory() as d:
         asyncio.run(run_sequence(Path(d) / "data", prelude + sequence))
 
@@ -428,19 +453,38 @@ def test_gc_never_loses_a_live_byte_and_leaves_nothing_behind(prelude: list[tupl
 def test_a_fixed_sequence_covering_every_operation(tmp_path: Path) -> None:
     """Every operation at least once, in an order that exercises forks across erased buckets."""
     sequence = [
-        ("create", 1, 0, 500, None), ("create", 2, 1, 300, 60), ("append", 0, 70_000), ("flush",),
-        ("fork", 0, 2, 2, 400), ("append", 2, 200), ("create", 0, 3, 100, 5), ("flush",),
-        ("retain", 0, 300), ("policy", 2, None, None, 100), ("policy", 1, 0, 2_000, None),
-        ("gc", False), ("advance", 4_000), ("append", 1, 150_000), ("gc", True), ("flush",),
-        ("erase", 1), ("advance", 11_000), ("gc", True), ("restart", True), ("delete", 0),
-        ("advance", 70_000), ("gc", True), ("restart", False), ("create", 1, 0, 10, None),
+        ("create", 1, 0, 500, None),
+        ("create", 2, 1, 300, 60),
+        ("append", 0, 70_000),
+        ("flush",),
+        ("fork", 0, 2, 2, 400),
+        ("append", 2, 200),
+        ("create", 0, 3, 100, 5),
+        ("flush",),
+        ("retain", 0, 300),
+        ("policy", 2, None, None, 100),
+        ("policy", 1, 0, 2_000, None),
+        ("gc", False),
+        ("advance", 4_000),
+        ("append", 1, 150_000),
+        ("gc", True),
+        ("flush",),
+        ("erase", 1),
+        ("advance", 11_000),
+        ("gc", True),
+        ("restart", True),
+        ("delete", 0),
+        ("advance", 70_000),
+        ("gc", True),
+        ("restart", False),
+        ("create", 1, 0, 10, None),
     ]
     asyncio.run(run_sequence(tmp_path / "data", sequence))
 
 
 def test_recreated_path_of_an_expired_stream_with_a_live_fork_still_flushes(tmp_path: Path) -> None:
     clock = VirtualClock()
-    h = Harness(make_config(tmp_path / "data"))
+    h = Harness(make_config(tmp_path / "data"), clock=clock)
 
     async def body() -> None:
         await h.start()
@@ -456,5 +500,4 @@ def test_recreated_path_of_an_expired_stream_with_a_live_fork_still_flushes(tmp_
         finally:
             await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())

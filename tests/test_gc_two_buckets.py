@@ -27,11 +27,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import s3_server
+from tests.error_helpers import http_status
+from tests.gc_support import Harness, VirtualClock, journal_records, make_config, object_files
 from tests.http_helpers import append, create, read, read_all, request, stream_url
 from tests.server_process import ServerProcess
-from tests.test_gc_support import Harness, VirtualClock, journal_records, make_config, object_files
-from tiered.records import BucketErased, ColdDeleteFinished, ColdDeleteStarted
-from tiered.state import StreamError
+from tiered.errors import TieredError as StreamError
+from tiered.streams.records import BucketErased, ColdDeleteFinished, ColdDeleteStarted
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,7 @@ B_DATA = [b"beta-" + bytes(range(200)) * 11, b"\xfe" * 3000, b"beta-last"]
 def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_S)
     clock = VirtualClock()
-    h = Harness(config)
+    h = Harness(config, clock=clock)
 
     async def body() -> None:
         await h.start()
@@ -65,18 +66,21 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
         assert object_files(config.data_path) == {key}
         obj = state.cold_objects[key]
         assert obj.refs == 2
-        assert {(e.bucket, e.stream) for e in obj.index.streams} == {("alpha", "events/a"), ("beta", "events/b")}
+        assert {(e.bucket, e.stream) for e in obj.index.streams} == {
+            ("alpha", "events/a"),
+            ("beta", "events/b"),
+        }
         assert h.slice_kinds("beta", "events/b") == ["ColdSlice"]  # hot copies trimmed: only cold
         assert await h.read("beta", "events/b") == b"".join(B_DATA)
         assert await h.read("alpha", "events/a") == b"".join(A_DATA)
 
         clock.advance(1_000)
-        await h.s.erase_bucket("alpha")
+        await h.s.streams.erase_bucket("alpha")
         erased_at = clock.ms
         assert obj.refs == 1 and obj.released_ms is None
         with pytest.raises(StreamError) as err:
-            h.s.lookup("alpha", "events/a")
-        assert err.value.status == 404
+            h.s.streams.lookup("alpha", "events/a")
+        assert http_status(err.value) == 404
 
         # However long we wait, beta still owns it: the object stays, byte-exact through beta.
         for delta in (0, GRACE_MS, 100 * GRACE_MS):
@@ -97,7 +101,7 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
             assert report.objects_deleted == 0 and object_files(config.data_path) == {key}
 
         clock.ms = erased_at + 300 * GRACE_MS
-        await h.s.erase_bucket("beta")
+        await h.s.streams.erase_bucket("beta")
         released = clock.ms
         obj = h.s.state.cold_objects[key]
         assert obj.refs == 0 and obj.released_ms == released
@@ -113,8 +117,7 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
         assert (report.objects_deleted, report.orphans_found, report.integrity_errors) == (0, 0, [])
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
     records = journal_records(config.data_path)
     kinds = [type(r) for r in records]
     assert kinds.count(BucketErased) == 2
@@ -125,10 +128,12 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
     assert records.index(started[0]) < records.index(finished[0])
 
 
-def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is_erased(tmp_path: Path) -> None:
+def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is_erased(
+    tmp_path: Path,
+) -> None:
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_S)
     clock = VirtualClock()
-    h = Harness(config)
+    h = Harness(config, clock=clock)
     before_fork = b"inherited:" + bytes(range(256)) * 8
     after_fork = b"alpha-only-after-the-fork:" + b"\x07" * 2500
     own = b"the fork's own data"
@@ -149,7 +154,7 @@ def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is
         assert h.s.state.cold_objects[first].refs == 1 and h.s.state.cold_objects[second].refs == 1
 
         clock.advance(1_000)
-        await h.s.erase_bucket("alpha")
+        await h.s.streams.erase_bucket("alpha")
         erased_at = clock.ms
         state = h.s.state
         src = next(s for s in state.streams.values() if s.bucket == "alpha")
@@ -173,7 +178,7 @@ def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is
         assert await h.read("beta", "fork", fork_point) == own
         # Erasing beta too frees everything.
         clock.advance(1_000)
-        await h.s.erase_bucket("beta")
+        await h.s.streams.erase_bucket("beta")
         gone_at = clock.ms
         assert h.s.state.streams == {}
         report = await h.gc(gone_at + GRACE_MS)
@@ -182,8 +187,7 @@ def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is
         assert h.s.state.hot_bytes == 0
         await h.stop()
 
-    with clock.installed():
-        asyncio.run(body())
+    asyncio.run(body())
 
 
 # --------------------------------------------------------------------------- over HTTP, on S3 (moto)
@@ -195,11 +199,31 @@ def s3_server_proc(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> Iterator[tu
     flush_bytes = 64 * 1024
     srv = ServerProcess(
         tmp_path / "data",
-        "--cold-store", "s3", "--s3-bucket", moto_s3.bucket, "--s3-prefix", prefix,
-        "--s3-endpoint", moto_s3.url, "--s3-path-style", "true", "--s3-region", moto_s3.region,
+        "--cold-store",
+        "s3",
+        "--s3-bucket",
+        moto_s3.bucket,
+        "--s3-prefix",
+        prefix,
+        "--s3-endpoint",
+        moto_s3.url,
+        "--s3-path-style",
+        "true",
+        "--s3-region",
+        moto_s3.region,
         # No timed flush: the flush starts when both buckets' appends are waiting (flush_bytes).
-        "--flush-interval-s", "3600", "--flush-bytes", str(flush_bytes), "--hot-retention-s", "0",
-        "--gc-grace-s", "0.5", "--gc-interval-s", "3600", "--long-poll-timeout-s", "2",
+        "--flush-interval-s",
+        "3600",
+        "--flush-bytes",
+        str(flush_bytes),
+        "--hot-retention-s",
+        "0",
+        "--gc-grace-s",
+        "0.5",
+        "--gc-interval-s",
+        "3600",
+        "--long-poll-timeout-s",
+        "2",
         env={"TIERED_ADMIN_TOKEN": ""},  # loopback, no token: admin calls allowed
     ).start()
     try:
@@ -237,8 +261,9 @@ def _gc(srv: ServerProcess) -> dict:  # type: ignore[type-arg]
     return json.loads(body)
 
 
-def test_shared_object_on_s3_over_http(s3_server_proc: tuple[ServerProcess, str],
-                                        moto_s3: s3_server.S3Endpoint) -> None:
+def test_shared_object_on_s3_over_http(
+    s3_server_proc: tuple[ServerProcess, str], moto_s3: s3_server.S3Endpoint
+) -> None:
     srv, prefix = s3_server_proc
     a_url, b_url = stream_url(srv.url, "shared/a", "alpha"), stream_url(srv.url, "shared/b", "beta")
     f_url = stream_url(srv.url, "fork-of-a", "beta")
@@ -293,11 +318,12 @@ def test_crossing_flush_bytes_flushes_the_data_that_crossed_it(tmp_path: Path) -
     config = make_config(tmp_path / "data", flush_bytes=64 * 1024, flush_interval_s=3600.0)
 
     async def body() -> None:
-        from tiered.service import StreamService
-        from tiered.state import AppendRequest, CreateRequest
+        from tiered.node import Node
+        from tiered.streams.model import AppendRequest, CreateRequest
 
-        svc = StreamService(config)
-        await svc.start()  # the background flusher runs: only the kick can start a pass
+        svc = Node(config)
+        await svc.start(jobs=False)
+        svc.start_jobs({"cold-flusher"})  # the background flusher runs: only the kick can start a pass
         write = svc.journal._write
 
         def slow_disk_write(batch: object) -> None:  # an fdatasync that takes 200 ms (a busy disk)
@@ -306,8 +332,12 @@ def test_crossing_flush_bytes_flushes_the_data_that_crossed_it(tmp_path: Path) -
 
         svc.journal._write = slow_disk_write  # type: ignore[method-assign]
         try:
-            await svc.create("default", "s", CreateRequest("application/octet-stream", None, None, None, False, b""))
-            await svc.append("default", "s", AppendRequest("application/octet-stream", b"x" * 70_000, False))
+            await svc.streams.create(
+                "default", "s", CreateRequest("application/octet-stream", None, None, None, False, b"")
+            )
+            await svc.streams.append(
+                "default", "s", AppendRequest("application/octet-stream", b"x" * 70_000, False)
+            )
             deadline = time.monotonic() + 2
             while svc.state.hot_bytes and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

@@ -48,10 +48,16 @@ class Workers:
         log = self.logs / f"{member}-{self.spawned}.log"
         err = open(self.logs / f"{member}-{self.spawned}.stderr", "wb")
         root = str(WORKER.parent.parent)  # import tiered from this checkout even without an install
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        }
         self.procs[member] = subprocess.Popen(
             [sys.executable, str(WORKER), self.url, GROUP, member, str(log)],
-            stdout=err, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
         )
 
     def kill(self, member: str) -> None:
@@ -125,14 +131,19 @@ def test_consumers_and_server_killed_at_random(tmp_path: Path) -> None:
         for stream in STREAMS:
             assert create(stream_url(srv.url, stream), "text/plain")[0] == 201
         status, _, body = request(
-            "PUT", f"{srv.url}/v1/groups/{GROUP}", {"Content-Type": "application/json"},
+            "PUT",
+            f"{srv.url}/v1/groups/{GROUP}",
+            {"Content-Type": "application/json"},
             json.dumps({"pattern": "e2e/*", "session_timeout_ms": 2000}),
         )
         assert status == 201, body
         members = ["m0", "m1", "m2"]
         for m in members:
             workers.start(m)
-        threads = [threading.Thread(target=produce, daemon=True), threading.Thread(target=monitor, daemon=True)]
+        threads = [
+            threading.Thread(target=produce, daemon=True),
+            threading.Thread(target=monitor, daemon=True),
+        ]
         for t in threads:
             t.start()
 
@@ -184,7 +195,9 @@ def test_consumers_and_server_killed_at_random(tmp_path: Path) -> None:
         stop.set()
         mon.join(10)
         assert len(acked) > 200, f"the producer got only {len(acked)} appends through"
-        assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages never processed, e.g. {sorted(missing)[:5]}"
+        assert not missing, (
+            f"{len(missing)} of {len(acked)} acknowledged messages never processed, e.g. {sorted(missing)[:5]}"
+        )
         assert at_tail, group_state(srv.url)
         assert not regressions, regressions
         # Nobody was superseded while alive (only dead instances were replaced).
@@ -200,14 +213,19 @@ def test_client_hands_over_on_join_and_stops_when_superseded(tmp_path: Path) -> 
     """Two in-process ``GroupConsumer`` s: a join moves half the streams (after release); a same-id join fences."""
     import asyncio
 
-    from tiered.client import GroupConsumer, GroupFenced
+    from tiered.groups.client import GroupConsumer, GroupFenced
 
     srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "1").start()
     try:
         streams = [f"h/s{i}" for i in range(4)]
         for s in streams:
             assert create(stream_url(srv.url, s), "text/plain", f"{s} first\n")[0] == 201
-        request("PUT", f"{srv.url}/v1/groups/h", {"Content-Type": "application/json"}, json.dumps({"pattern": "h/*"}))
+        request(
+            "PUT",
+            f"{srv.url}/v1/groups/h",
+            {"Content-Type": "application/json"},
+            json.dumps({"pattern": "h/*"}),
+        )
 
         async def run() -> None:
             seen: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}

@@ -25,11 +25,13 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tiered.errors import TieredError
+from tiered.errors import TieredError as StreamError
 from tiered.globs import glob_match
-from tiered.group_records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
-from tiered.groups import (
+from tiered.groups import views
+from tiered.groups.records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
+from tiered.groups.state import (
     CommitRequest,
-    GroupError,
     GroupSpec,
     GroupsState,
     ReleaseRequest,
@@ -38,9 +40,10 @@ from tiered.groups import (
 )
 from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, parse_offset
-from tiered.records import decode_record, encode_record
-from tiered.snapshot import decode_snapshot, encode_snapshot
-from tiered.state import AppendRequest, CreateRequest, StreamError, StreamState
+from tiered.journal.codec import decode_record, encode_record
+from tiered.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.streams.model import AppendRequest, CreateRequest
+from tiered.streams.state import StreamState
 
 B = DEFAULT_BUCKET
 G = "g"
@@ -78,7 +81,9 @@ class GroupMachine(RuleBasedStateMachine):
         self.clients: dict[str, Creds] = {}
         self.stale_creds: list[Creds] = []  # superseded or from a retired incarnation
         self.retired_joins: list[tuple[str, str, int]] = []  # (member, join id, incarnation)
-        self.old_fences: list[tuple[str, int, int, str, int]] = []  # (member, incarnation, generation, stream, fence)
+        self.old_fences: list[
+            tuple[str, int, int, str, int]
+        ] = []  # (member, incarnation, generation, stream, fence)
         self.cursor_floor: dict[tuple[int, int], int] = {}  # (incarnation, uid) -> highest cursor seen
         self.fence_floor: dict[tuple[int, int], int] = {}
         self.released_now: set[tuple[str, int]] = set()
@@ -106,7 +111,9 @@ class GroupMachine(RuleBasedStateMachine):
             if isinstance(r, GroupPlanned):
                 self._check_transition(r, before)
                 event(f"plan by {r.op.split(':')[0] if not r.op.startswith('op-') else 'link'}")
-                if any(t.holder is not None and t.owner is not None and t.holder != t.owner for t in r.targets):
+                if any(
+                    t.holder is not None and t.owner is not None and t.holder != t.owner for t in r.targets
+                ):
                     event("a move is draining")
             elif isinstance(r, GroupCommitted):
                 event("cursor committed")
@@ -120,7 +127,10 @@ class GroupMachine(RuleBasedStateMachine):
             g.incarnation,
             g.revision,
             {m.member: m.generation for m in g.members.values()},
-            {uid: (t.linked, t.owner, t.holder, t.holder_generation, t.fence) for uid, t in g.targets.items()},
+            {
+                uid: (t.linked, t.owner, t.holder, t.holder_generation, t.fence)
+                for uid, t in g.targets.items()
+            },
         )
 
     def _check_transition(self, r: GroupPlanned, before) -> None:
@@ -151,22 +161,26 @@ class GroupMachine(RuleBasedStateMachine):
             base, extra = divmod(len(linked), len(members))
             quotas = [base + 1] * extra + [base] * (len(members) - extra)
             counts = sorted((kept[m] for m in members), reverse=True)
-            assert moves == sum(max(0, c - q) for c, q in zip(counts, quotas, strict=True)), (moves, counts, quotas)
+            assert moves == sum(max(0, c - q) for c, q in zip(counts, quotas, strict=True)), (
+                moves,
+                counts,
+                quotas,
+            )
 
     def decide(self, fn, *args, **kwargs):
         """Run a decide; a refusal must leave the state exactly as it was."""
         digest = self.groups.digest()
         try:
             return fn(*args, **kwargs)
-        except GroupError:
+        except TieredError:
             assert self.groups.digest() == digest
             raise
 
-    def expect_refusal(self, code: str, fn, *args, **kwargs) -> GroupError:
+    def expect_refusal(self, code: str, fn, *args, **kwargs) -> TieredError:
         digest = self.groups.digest()
-        with pytest.raises(GroupError) as info:
+        with pytest.raises(TieredError) as info:
             fn(*args, **kwargs)
-        assert info.value.code == code, info.value.body()
+        assert info.value.code == code, info.value
         assert self.groups.digest() == digest
         return info.value
 
@@ -184,7 +198,7 @@ class GroupMachine(RuleBasedStateMachine):
         g = self.group()
         if c is None or g is None or member not in g.members or g.members[member].generation != c.generation:
             return
-        c.view = self.groups.member_view(G, member)
+        c.view = views.member_view(self.groups, G, member)
 
     def retire_client(self, member: str) -> None:
         c = self.clients.pop(member, None)
@@ -218,7 +232,14 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule(path=st.sampled_from(PATHS), data=st.binary(min_size=0, max_size=5))
     def create_stream(self, path: str, data: bytes) -> None:
-        req = CreateRequest(content_type="text/plain", ttl_s=None, expires_at=None, expires_at_ms=None, closed=False, data=data)
+        req = CreateRequest(
+            content_type="text/plain",
+            ttl_s=None,
+            expires_at=None,
+            expires_at_ms=None,
+            closed=False,
+            data=data,
+        )
         records, _ = self.state.decide_create(B, path, req, self.now)
         self.commit(records)
 
@@ -247,7 +268,7 @@ class GroupMachine(RuleBasedStateMachine):
             return
         try:
             records = self.decide(self.groups.decide_create, G, SPEC, self.state, self.now)
-        except GroupError as exc:
+        except TieredError as exc:
             assert exc.code == "TOO_MANY_STREAMS"
             return
         self.commit(records)
@@ -261,7 +282,10 @@ class GroupMachine(RuleBasedStateMachine):
             return  # rarely: a deletion resets everything
         g = self.group()
         records = self.decide(
-            self.groups.decide_delete, G, self.now, incarnation=g.incarnation,
+            self.groups.decide_delete,
+            G,
+            self.now,
+            incarnation=g.incarnation,
             expected_revision=g.revision if use_revision else None,
         )
         self.commit(records)
@@ -274,9 +298,17 @@ class GroupMachine(RuleBasedStateMachine):
     @rule()
     def stale_admin_revision(self) -> None:
         g = self.group()
-        self.expect_refusal("STALE_REVISION", self.groups.decide_delete, G, self.now, expected_revision=g.revision + 1)
         self.expect_refusal(
-            "STALE_REVISION", self.groups.decide_link, G, ["b/1"], self.state, self.now, expected_revision=g.revision + 7
+            "STALE_REVISION", self.groups.decide_delete, G, self.now, expected_revision=g.revision + 1
+        )
+        self.expect_refusal(
+            "STALE_REVISION",
+            self.groups.decide_link,
+            G,
+            ["b/1"],
+            self.state,
+            self.now,
+            expected_revision=g.revision + 7,
         )
 
     @precondition(lambda self: self.group() is not None)
@@ -286,15 +318,29 @@ class GroupMachine(RuleBasedStateMachine):
         rev = g.revision
         op = f"op-{len(self.journal)}"
         try:
-            records = self.decide(self.groups.decide_link, G, [path], self.state, self.now, unlink=unlink, op_id=op, expected_revision=rev)
-        except GroupError as exc:
+            records = self.decide(
+                self.groups.decide_link,
+                G,
+                [path],
+                self.state,
+                self.now,
+                unlink=unlink,
+                op_id=op,
+                expected_revision=rev,
+            )
+        except TieredError as exc:
             assert exc.code == "TOO_MANY_STREAMS" and not unlink
             return
         self.commit(records)
         assert (path in self.group().explicit) != unlink
         if records:
             # A retry with the same operation id is recognised, even though the revision moved.
-            assert self.groups.decide_link(G, [path], self.state, self.now, unlink=unlink, op_id=op, expected_revision=rev) == []
+            assert (
+                self.groups.decide_link(
+                    G, [path], self.state, self.now, unlink=unlink, op_id=op, expected_revision=rev
+                )
+                == []
+            )
         self.forget_departed()
 
     @precondition(lambda self: self.group() is not None)
@@ -320,7 +366,7 @@ class GroupMachine(RuleBasedStateMachine):
         g = self.group()
         try:
             records = self.decide(self.groups.decide_join, G, member, join_id, self.state, self.now)
-        except GroupError as exc:
+        except TieredError as exc:
             assert exc.code == "TOO_MANY_MEMBERS"
             alive = [m for m in g.members.values() if m.last_seen_ms + TIMEOUT > self.now]
             assert member not in g.members and len(alive) >= SPEC.max_members
@@ -334,12 +380,18 @@ class GroupMachine(RuleBasedStateMachine):
             assert m.generation > old.generation  # the new instance fences the old one
         if old is not None:
             self.retire_client(member)
-        self.clients[member] = Creds(member, join_id, g.incarnation, m.generation, self.groups.member_view(G, member))
+        self.clients[member] = Creds(
+            member, join_id, g.incarnation, m.generation, views.member_view(self.groups, G, member)
+        )
         self.forget_departed()
         # Retrying the same join changes no membership.
         assert self.groups.decide_join(G, member, join_id, self.state, self.now) == []
 
-    @precondition(lambda self: self.group() is not None and any(j[2] == self.group().incarnation for j in self.retired_joins))
+    @precondition(
+        lambda self: (
+            self.group() is not None and any(j[2] == self.group().incarnation for j in self.retired_joins)
+        )
+    )
     @rule(data=st.data())
     def stale_join(self, data) -> None:
         """A delayed retry of a superseded or ended instance's join must not fence its successor."""
@@ -354,8 +406,18 @@ class GroupMachine(RuleBasedStateMachine):
         c = self.clients[member]
         g = self.group()
         if g is None or g.incarnation != c.incarnation:
-            self.expect_refusal("FENCED" if g is not None else "GROUP_NOT_FOUND", self.groups.decide_heartbeat,
-                                G, c.incarnation, member, c.generation, [], [], self.state, self.now)
+            self.expect_refusal(
+                "FENCED" if g is not None else "GROUP_NOT_FOUND",
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                member,
+                c.generation,
+                [],
+                [],
+                self.state,
+                self.now,
+            )
             self.retire_client(member)
             return
         commits, releases, expected = [], [], {}
@@ -374,9 +436,17 @@ class GroupMachine(RuleBasedStateMachine):
                     self.released_now.add((member, t.stream_uid))
         try:
             records, rejected = self.decide(
-                self.groups.decide_heartbeat, G, c.incarnation, member, c.generation, commits, releases, self.state, self.now
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                member,
+                c.generation,
+                commits,
+                releases,
+                self.state,
+                self.now,
             )
-        except GroupError as exc:
+        except TieredError as exc:
             assert exc.code in ("NOT_MEMBER", "FENCED")
             self.retire_client(member)
             return
@@ -396,9 +466,13 @@ class GroupMachine(RuleBasedStateMachine):
         self.forget_departed()
         # The same heartbeat again is harmless: commits do not regress, releases are no-ops.
         digest = self.groups.digest()
-        records2, _ = self.groups.decide_heartbeat(
-            G, c.incarnation, member, c.generation, commits, releases, self.state, self.now
-        ) if member in self.clients else ([], [])
+        records2, _ = (
+            self.groups.decide_heartbeat(
+                G, c.incarnation, member, c.generation, commits, releases, self.state, self.now
+            )
+            if member in self.clients
+            else ([], [])
+        )
         assert not any(isinstance(r, GroupCommitted) for r in records2)
         if not records2:
             assert self.groups.digest() == digest
@@ -431,9 +505,16 @@ class GroupMachine(RuleBasedStateMachine):
         before = g.cursors.get(t.stream_uid, 0)
         try:
             records, rejected = self.groups.decide_heartbeat(
-                G, c.incarnation, member, c.generation, [CommitRequest(a["stream"], a["fence"], tail + 1)], [], self.state, self.now
+                G,
+                c.incarnation,
+                member,
+                c.generation,
+                [CommitRequest(a["stream"], a["fence"], tail + 1)],
+                [],
+                self.state,
+                self.now,
             )
-        except GroupError:
+        except TieredError:
             return
         assert [r.code for r in rejected] in (["OFFSET_BEYOND_TAIL"], ["FENCED"])
         assert not any(isinstance(r, GroupCommitted) for r in records)
@@ -454,9 +535,16 @@ class GroupMachine(RuleBasedStateMachine):
         before = dict(g.cursors)
         try:
             records, rejected = self.groups.decide_heartbeat(
-                G, inc, member, gen, [CommitRequest(stream, fence, 0)], [ReleaseRequest(stream, fence)], self.state, self.now
+                G,
+                inc,
+                member,
+                gen,
+                [CommitRequest(stream, fence, 0)],
+                [ReleaseRequest(stream, fence)],
+                self.state,
+                self.now,
             )
-        except GroupError as exc:
+        except TieredError as exc:
             assert exc.code in ("FENCED", "NOT_MEMBER")
             return
         assert [r.code for r in rejected] == ["FENCED"]
@@ -472,18 +560,72 @@ class GroupMachine(RuleBasedStateMachine):
         commits = [CommitRequest(a["stream"], a["fence"], 0) for a in c.view["assignments"]]
         digest = self.groups.digest()
         if g is None:
-            self.expect_refusal("GROUP_NOT_FOUND", self.groups.decide_heartbeat, G, c.incarnation, c.member, c.generation, commits, [], self.state, self.now)
+            self.expect_refusal(
+                "GROUP_NOT_FOUND",
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                c.member,
+                c.generation,
+                commits,
+                [],
+                self.state,
+                self.now,
+            )
             return
         m = g.members.get(c.member)
         if g.incarnation != c.incarnation:
-            e = self.expect_refusal("FENCED", self.groups.decide_heartbeat, G, c.incarnation, c.member, c.generation, commits, [], self.state, self.now)
-            assert e.extra["reason"] == "incarnation"
+            e = self.expect_refusal(
+                "FENCED",
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                c.member,
+                c.generation,
+                commits,
+                [],
+                self.state,
+                self.now,
+            )
+            assert e.context["reason"] == "incarnation"
         elif m is None:
-            self.expect_refusal("NOT_MEMBER", self.groups.decide_heartbeat, G, c.incarnation, c.member, c.generation, commits, [], self.state, self.now)
+            self.expect_refusal(
+                "NOT_MEMBER",
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                c.member,
+                c.generation,
+                commits,
+                [],
+                self.state,
+                self.now,
+            )
         elif m.generation != c.generation:
-            e = self.expect_refusal("FENCED", self.groups.decide_heartbeat, G, c.incarnation, c.member, c.generation, commits, [], self.state, self.now)
-            assert e.extra["reason"] == "generation"
-            self.expect_refusal("FENCED", self.groups.decide_leave, G, c.incarnation, c.member, c.generation, commits, self.state, self.now)
+            e = self.expect_refusal(
+                "FENCED",
+                self.groups.decide_heartbeat,
+                G,
+                c.incarnation,
+                c.member,
+                c.generation,
+                commits,
+                [],
+                self.state,
+                self.now,
+            )
+            assert e.context["reason"] == "generation"
+            self.expect_refusal(
+                "FENCED",
+                self.groups.decide_leave,
+                G,
+                c.incarnation,
+                c.member,
+                c.generation,
+                commits,
+                self.state,
+                self.now,
+            )
         assert self.groups.digest() == digest
 
     @precondition(lambda self: self.clients)
@@ -499,7 +641,7 @@ class GroupMachine(RuleBasedStateMachine):
             records, rejected, was = self.decide(
                 self.groups.decide_leave, G, c.incarnation, member, c.generation, [], self.state, self.now
             )
-        except GroupError as exc:
+        except TieredError as exc:
             assert exc.code == "FENCED"
             self.retire_client(member)
             return
@@ -507,7 +649,10 @@ class GroupMachine(RuleBasedStateMachine):
         assert member not in self.group().members
         assert was and any(isinstance(r, GroupPlanned) for r in records)
         # Leaving again is fine.
-        assert self.groups.decide_leave(G, c.incarnation, member, c.generation, [], self.state, self.now)[2] is False
+        assert (
+            self.groups.decide_leave(G, c.incarnation, member, c.generation, [], self.state, self.now)[2]
+            is False
+        )
         self.retire_client(member)
         self.forget_departed()
 
@@ -543,7 +688,9 @@ class GroupMachine(RuleBasedStateMachine):
         assert isinstance(recovered, GroupsState)
         assert recovered.digest() == self.groups.digest()
         event("recovered with a snapshot" if self.snapshot is not None else "recovered from the journal")
-        assert {u: s.tail for u, s in state.streams.items()} == {u: s.tail for u, s in self.state.streams.items()}
+        assert {u: s.tail for u, s in state.streams.items()} == {
+            u: s.tail for u, s in self.state.streams.items()
+        }
         recovered.grant_grace(self.now)
         self.state = state
         for member in list(self.clients):
@@ -591,9 +738,11 @@ class GroupMachine(RuleBasedStateMachine):
             return
         active: Counter[str] = Counter()
         for member in g.members:
-            for a in self.groups.member_view(G, member)["assignments"]:
+            for a in views.member_view(self.groups, G, member)["assignments"]:
                 active[a["stream"]] += 1
-                self.old_fences.append((member, g.incarnation, g.members[member].generation, a["stream"], a["fence"]))
+                self.old_fences.append(
+                    (member, g.incarnation, g.members[member].generation, a["stream"], a["fence"])
+                )
         assert all(n == 1 for n in active.values()), active
         del self.old_fences[:-40]
 
@@ -679,14 +828,19 @@ def test_heartbeat_flow_with_drain() -> None:
             state.apply(r, (1, 1) if getattr(r, "data", b"") else None)
 
     for p in ("a/1", "a/2"):
-        commit(state.decide_create(B, p, CreateRequest("text/plain", None, None, None, False, b"12345"), now)[0])
+        commit(
+            state.decide_create(B, p, CreateRequest("text/plain", None, None, None, False, b"12345"), now)[0]
+        )
     commit(groups.decide_create(G, GroupSpec(pattern="a/*"), state, now))
     commit(groups.decide_join(G, "m1", "j1", state, now))
-    v1 = groups.member_view(G, "m1")
-    assert [(a["stream"], a["fence"], a["revoked"]) for a in v1["assignments"]] == [("a/1", 1, False), ("a/2", 1, False)]
+    v1 = views.member_view(groups, G, "m1")
+    assert [(a["stream"], a["fence"], a["revoked"]) for a in v1["assignments"]] == [
+        ("a/1", 1, False),
+        ("a/2", 1, False),
+    ]
     commit(groups.decide_join(G, "m2", "j2", state, now))
-    v1 = groups.member_view(G, "m1")
-    v2 = groups.member_view(G, "m2")
+    v1 = views.member_view(groups, G, "m1")
+    v2 = views.member_view(groups, G, "m2")
     assert [(a["stream"], a["revoked"]) for a in v1["assignments"]] == [("a/1", False), ("a/2", True)]
     assert v2["assignments"] == [] and v2["pending"] == ["a/2"]
     # m1 commits its last position of a/2 and releases it in the same heartbeat.
@@ -695,8 +849,10 @@ def test_heartbeat_flow_with_drain() -> None:
     )
     assert rejected == [] and [type(r) for r in records] == [GroupCommitted, GroupPlanned]
     commit(records)
-    v2 = groups.member_view(G, "m2")
-    assert v2["assignments"] == [{"stream": "a/2", "fence": 3, "cursor": "0000000000000000_0000000000000003", "revoked": False}]
+    v2 = views.member_view(groups, G, "m2")
+    assert v2["assignments"] == [
+        {"stream": "a/2", "fence": 3, "cursor": "0000000000000000_0000000000000003", "revoked": False}
+    ]
     # m1's old fence no longer commits.
     _, rejected = groups.decide_heartbeat(G, 1, "m1", 1, [CommitRequest("a/2", 1, 5)], [], state, now)
     assert [r.code for r in rejected] == ["FENCED"]

@@ -68,7 +68,9 @@ def test_invalid_stream_paths_are_400(srv: ServerProcess, raw_path: str) -> None
     assert error_message(body)
     assert_security_headers(headers)
     for method in ("GET", "POST", "DELETE"):
-        assert request(method, u, {"Content-Type": "text/plain"}, b"x" if method == "POST" else None)[0] == 400
+        assert (
+            request(method, u, {"Content-Type": "text/plain"}, b"x" if method == "POST" else None)[0] == 400
+        )
     status, _, body = request("HEAD", u)
     assert (status, body) == (400, b"")
 
@@ -192,8 +194,12 @@ def test_malformed_expires_at_is_400(srv: ServerProcess, stamp: str) -> None:
 
 
 def test_valid_expires_at_forms(srv: ServerProcess) -> None:
-    for stamp in ("2999-01-01T00:00:00Z", "2999-01-01t00:00:00z", "2999-01-01T00:00:00.123456+05:30",
-                  "2999-01-01T00:00:00-08:00"):
+    for stamp in (
+        "2999-01-01T00:00:00Z",
+        "2999-01-01t00:00:00z",
+        "2999-01-01T00:00:00.123456+05:30",
+        "2999-01-01T00:00:00-08:00",
+    ):
         u = stream_url(srv.url, unique("exp"))
         assert create(u, "text/plain", Stream_Expires_At=stamp)[0] == 201, stamp
         assert head(u)[1]["Stream-Expires-At"] == stamp
@@ -235,8 +241,15 @@ def test_every_refused_request_leaves_the_stream_unchanged(srv: ServerProcess) -
         ("PUT", {"Content-Type": "text/plain", "Stream-TTL": "3600"}, b""),  # type mismatch
         ("PUT", {"Content-Type": "application/json"}, b""),  # TTL mismatch
         ("PUT", {"Content-Type": "application/json", "Stream-TTL": "3600", "Stream-Closed": "true"}, b""),
-        ("PUT", {"Content-Type": "application/json", "Stream-TTL": "10",
-                 "Stream-Expires-At": "2999-01-01T00:00:00Z"}, b""),
+        (
+            "PUT",
+            {
+                "Content-Type": "application/json",
+                "Stream-TTL": "10",
+                "Stream-Expires-At": "2999-01-01T00:00:00Z",
+            },
+            b"",
+        ),
         ("PUT", {"Content-Type": "application/json", "Stream-TTL": "+3600"}, b""),
         ("PUT", {"Content-Type": "application/json", "Stream-TTL": "3600"}, b"{bad json"),
         ("POST", {"Content-Type": "text/plain"}, b"x"),
@@ -288,7 +301,11 @@ def test_non_utf8_header_bytes_are_400(srv: ServerProcess, method: str, header: 
     existing = stream_url(srv.url, unique("hdr"))
     create(existing, "text/plain", "kept")
     target = existing if method == "POST" else stream_url(srv.url, unique("hdr"))
-    headers: dict[str, str | bytes] = {"Content-Type": "text/plain", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    headers: dict[str, str | bytes] = {
+        "Content-Type": "text/plain",
+        "Producer-Epoch": "0",
+        "Producer-Seq": "0",
+    }
     if header != "Producer-Id":
         headers = {"Content-Type": "text/plain"}
     headers[header] = value

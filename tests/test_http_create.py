@@ -107,7 +107,10 @@ def test_create_with_initial_body(srv: ServerProcess) -> None:
         ({"Content-Type": "text/plain"}, {"Content-Type": "application/json"}),
         ({"Content-Type": "text/plain"}, {}),
         ({"Content-Type": "text/plain", "Stream-TTL": "100"}, {"Content-Type": "text/plain"}),
-        ({"Content-Type": "text/plain", "Stream-TTL": "100"}, {"Content-Type": "text/plain", "Stream-TTL": "101"}),
+        (
+            {"Content-Type": "text/plain", "Stream-TTL": "100"},
+            {"Content-Type": "text/plain", "Stream-TTL": "101"},
+        ),
         ({"Content-Type": "text/plain"}, {"Content-Type": "text/plain", "Stream-TTL": "100"}),
         (
             {"Content-Type": "text/plain", "Stream-Expires-At": "2999-01-01T00:00:00Z"},
@@ -119,8 +122,16 @@ def test_create_with_initial_body(srv: ServerProcess) -> None:
         ),
         ({"Content-Type": "text/plain"}, {"Content-Type": "text/plain", "Stream-Closed": "true"}),
     ],
-    ids=["type", "type-vs-default", "ttl-dropped", "ttl-changed", "ttl-added", "expires-changed",
-         "expires-vs-ttl", "closed-vs-open"],
+    ids=[
+        "type",
+        "type-vs-default",
+        "ttl-dropped",
+        "ttl-changed",
+        "ttl-added",
+        "expires-changed",
+        "expires-vs-ttl",
+        "closed-vs-open",
+    ],
 )
 def test_create_with_different_config_is_409_and_changes_nothing(
     srv: ServerProcess, first: dict[str, str], second: dict[str, str]

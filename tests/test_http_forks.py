@@ -17,6 +17,7 @@ from .http_helpers import (
     error_message,
     head,
     module_server,
+    new_stream,
     read,
     read_all,
     request,
@@ -37,15 +38,16 @@ def path_of(u: str) -> str:
     return u[u.index("/v1/") :]
 
 
-def new_stream(srv: ServerProcess, content_type: str = "application/octet-stream", body: bytes | str = b"") -> str:
-    u = stream_url(srv.url, unique("src"))
-    assert create(u, content_type, body)[0] == 201
-    return u
-
-
-def fork(srv: ServerProcess, source: str, offset: str | None = None, sub: str | None = None,
-         content_type: str | None = None, target: str | None = None, body: bytes | str = b"",
-         **extra: str) -> tuple[str, int, object, bytes]:
+def fork(
+    srv: ServerProcess,
+    source: str,
+    offset: str | None = None,
+    sub: str | None = None,
+    content_type: str | None = None,
+    target: str | None = None,
+    body: bytes | str = b"",
+    **extra: str,
+) -> tuple[str, int, object, bytes]:
     target = target or stream_url(srv.url, unique("fork"))
     headers = {"Stream-Forked-From": path_of(source), **{k.replace("_", "-"): v for k, v in extra.items()}}
     if offset is not None:
@@ -161,7 +163,10 @@ def test_fork_of_missing_source_is_404(srv: ServerProcess) -> None:
 
 def test_fork_offset_without_source_is_400(srv: ServerProcess) -> None:
     u = stream_url(srv.url, unique("fork"))
-    for headers in ({"Stream-Fork-Offset": "0000000000000000_0000000000000000"}, {"Stream-Fork-Sub-Offset": "1"}):
+    for headers in (
+        {"Stream-Fork-Offset": "0000000000000000_0000000000000000"},
+        {"Stream-Fork-Sub-Offset": "1"},
+    ):
         assert request("PUT", u, headers, b"")[0] == 400
     assert head(u)[0] == 404
 
@@ -218,8 +223,18 @@ def test_fork_can_be_created_closed(srv: ServerProcess) -> None:
 def test_fork_does_not_inherit_writer_state(srv: ServerProcess) -> None:
     src = new_stream(srv, "text/plain")
     for seq in range(3):
-        request("POST", src, {"Content-Type": "text/plain", "Producer-Id": "p", "Producer-Epoch": "0",
-                              "Producer-Seq": str(seq), "Stream-Seq": f"s{seq}"}, str(seq))
+        request(
+            "POST",
+            src,
+            {
+                "Content-Type": "text/plain",
+                "Producer-Id": "p",
+                "Producer-Epoch": "0",
+                "Producer-Seq": str(seq),
+                "Stream-Seq": f"s{seq}",
+            },
+            str(seq),
+        )
     f, status, _, _ = fork(srv, src)
     assert status == 201
     # On the source (epoch 0, seq 0) is an old duplicate; on the fork it is a fresh producer.

@@ -14,6 +14,7 @@ from .http_helpers import (
     error_message,
     head,
     module_server,
+    new_stream,
     read,
     request,
     state_of,
@@ -32,13 +33,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield from module_server(tmp_path_factory, "json")
 
 
-def new_stream(srv: ServerProcess, body: str = "", content_type: str = JSON) -> str:
-    u = stream_url(srv.url, unique("json"))
-    status, _, resp = create(u, content_type, body)
-    assert status == 201, resp
-    return u
-
-
 def messages(u: str, offset: str = "-1") -> list[object]:
     status, headers, body = read(u, offset)
     assert status == 200
@@ -49,7 +43,7 @@ def messages(u: str, offset: str = "-1") -> list[object]:
 
 
 def test_empty_stream_reads_as_empty_array(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     status, headers, body = read(u)
     assert (status, body) == (200, b"[]")
     assert headers["Content-Type"] == JSON
@@ -59,7 +53,7 @@ def test_empty_stream_reads_as_empty_array(srv: ServerProcess) -> None:
 
 
 def test_single_values_are_one_message_each(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     values = [{"event": "created"}, "text", 42, 1.5, True, False, None, {}]
     for v in values:
         assert append(u, json.dumps(v), JSON)[0] == 204
@@ -77,16 +71,16 @@ def test_single_values_are_one_message_each(srv: ServerProcess) -> None:
     ],
 )
 def test_arrays_are_flattened_exactly_one_level(srv: ServerProcess, body: str, stored: list[object]) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     assert append(u, body, JSON)[0] == 204
     assert messages(u) == stored
     # The same on creation.
-    u2 = new_stream(srv, body)
+    u2 = new_stream(srv, JSON, body)
     assert messages(u2) == stored
 
 
 def test_message_boundaries_follow_offsets(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     o1 = append(u, '{"n":1}', JSON)[1]["Stream-Next-Offset"]
     o2 = append(u, '[{"n":2},{"n":3}]', JSON)[1]["Stream-Next-Offset"]
     append(u, '{"n":4}', JSON)
@@ -102,26 +96,26 @@ def test_strings_with_newlines_and_unicode_round_trip(srv: ServerProcess) -> Non
         "\u2028\u2029 separators",
         "emoji 😀 and nul \u0000",
         {"nested": ["a\nb", {"c": "d\ne"}]},
-        "quote \" and backslash \\",
+        'quote " and backslash \\',
     ]
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     assert append(u, json.dumps(tricky), JSON)[0] == 204
     assert messages(u) == tricky
     # Pretty-printed input (raw newlines between tokens) is the same messages.
-    u2 = new_stream(srv)
+    u2 = new_stream(srv, JSON)
     assert append(u2, json.dumps(tricky, indent=2), JSON)[0] == 204
     assert messages(u2) == tricky
     assert len(messages(u2)) == len(tricky)
 
 
 def test_content_type_with_charset_is_json_mode(srv: ServerProcess) -> None:
-    u = new_stream(srv, "[1]", "application/json; charset=utf-8")
+    u = new_stream(srv, "application/json; charset=utf-8", "[1]")
     assert append(u, "[2, 3]", "application/json")[0] == 204
     assert messages(u) == [1, 2, 3]
 
 
 def test_post_empty_array_is_400_and_stores_nothing(srv: ServerProcess) -> None:
-    u = new_stream(srv, '{"a":1}')
+    u = new_stream(srv, JSON, '{"a":1}')
     before = state_of(u)
     for body in ("[]", " [ ] ", "[\n]"):
         status, _, resp = append(u, body, JSON)
@@ -156,7 +150,7 @@ def test_put_empty_array_creates_an_empty_stream(srv: ServerProcess) -> None:
     ],
 )
 def test_invalid_json_is_400_and_stores_nothing(srv: ServerProcess, body: str | bytes) -> None:
-    u = new_stream(srv, '{"kept": true}')
+    u = new_stream(srv, JSON, '{"kept": true}')
     before = state_of(u)
     status, _, resp = request("POST", u, {"Content-Type": JSON}, body)
     assert status == 400, resp
@@ -173,21 +167,21 @@ def test_put_with_invalid_json_is_400_and_creates_nothing(srv: ServerProcess, bo
 
 
 def test_non_json_streams_store_json_bytes_verbatim(srv: ServerProcess) -> None:
-    u = new_stream(srv, content_type="text/plain")
+    u = new_stream(srv, "text/plain")
     append(u, "[]", "text/plain")
     append(u, "[1, 2]", "text/plain")
     assert read(u)[2] == b"[][1, 2]"
 
 
 def test_json_append_with_other_content_type_is_409(srv: ServerProcess) -> None:
-    u = new_stream(srv, "[1]")
+    u = new_stream(srv, JSON, "[1]")
     status, _, _ = append(u, "2", "text/plain")
     assert status == 409
     assert messages(u) == [1]
 
 
 def test_closed_json_stream(srv: ServerProcess) -> None:
-    u = new_stream(srv, '[{"last": true}]')
+    u = new_stream(srv, JSON, '[{"last": true}]')
     close(u)
     status, headers, body = read(u, head(u)[1]["Stream-Next-Offset"])
     assert (status, body) == (200, b"[]")
@@ -199,7 +193,7 @@ def test_closed_json_stream(srv: ServerProcess) -> None:
 
 
 def test_append_and_close_json(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, JSON)
     status, headers, _ = append(u, '[{"a":1},{"b":2}]', JSON, Stream_Closed="true")
     assert status == 204
     assert headers["Stream-Closed"] == "true"

@@ -20,6 +20,7 @@ from .http_helpers import (
     error_message,
     head,
     module_server,
+    new_stream,
     read,
     request,
     stream_url,
@@ -44,12 +45,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """At most CHUNK bytes per read: smaller than some UTF-8 characters."""
     yield from module_server(tmp_path_factory, "live-chunky", "--read-chunk-bytes", str(CHUNK))
-
-
-def new_stream(srv: ServerProcess, content_type: str = "application/octet-stream", body: bytes | str = b"") -> str:
-    u = stream_url(srv.url, unique("live"))
-    assert create(u, content_type, body)[0] == 201
-    return u
 
 
 def long_poll(u: str, offset: str, cursor: str | None = None) -> tuple[int, object, bytes]:
@@ -515,9 +510,18 @@ def _open_and_drop(srv: ServerProcess, path: str) -> None:
     sock.close()
 
 
-def test_readers_that_disconnect_free_their_waiter_slot_at_once(tmp_path_factory: pytest.TempPathFactory) -> None:
-    srv = ServerProcess(tmp_path_factory.mktemp("slots") / "data", "--max-waiters", "2",
-                        "--long-poll-timeout-s", "20", "--sse-max-connection-s", "60").start()
+def test_readers_that_disconnect_free_their_waiter_slot_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("slots") / "data",
+        "--max-waiters",
+        "2",
+        "--long-poll-timeout-s",
+        "20",
+        "--sse-max-connection-s",
+        "60",
+    ).start()
     try:
         url = stream_url(srv.url, "slots")
         assert create(url)[0] == 201

@@ -9,15 +9,13 @@ import pytest
 
 from .http_helpers import (
     append,
-    create,
     error_message,
     head,
     module_server,
+    new_stream,
     read,
     request,
     state_of,
-    stream_url,
-    unique,
 )
 from .server_process import ServerProcess
 
@@ -31,14 +29,15 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield from module_server(tmp_path_factory, "producers")
 
 
-def new_stream(srv: ServerProcess, content_type: str = "text/plain") -> str:
-    u = stream_url(srv.url, unique("prod"))
-    assert create(u, content_type)[0] == 201
-    return u
-
-
-def produce(u: str, body: str | bytes, pid: str = "p1", epoch: int | str = 0, seq: int | str = 0,
-            content_type: str = "text/plain", **extra: str) -> tuple[int, object, bytes]:
+def produce(
+    u: str,
+    body: str | bytes,
+    pid: str = "p1",
+    epoch: int | str = 0,
+    seq: int | str = 0,
+    content_type: str = "text/plain",
+    **extra: str,
+) -> tuple[int, object, bytes]:
     headers = {
         "Content-Type": content_type,
         "Producer-Id": pid,
@@ -50,7 +49,7 @@ def produce(u: str, body: str | bytes, pid: str = "p1", epoch: int | str = 0, se
 
 
 def test_new_data_is_200_with_producer_echo(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     status, headers, body = produce(u, "a", seq=0)
     assert (status, body) == (200, b"")
     assert headers["Producer-Epoch"] == "0"
@@ -63,7 +62,7 @@ def test_new_data_is_200_with_producer_echo(srv: ServerProcess) -> None:
 
 
 def test_retries_are_204_duplicates_and_store_nothing(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     tail = produce(u, "b", seq=1)[1]["Stream-Next-Offset"]
     for seq in (1, 0):
@@ -78,7 +77,7 @@ def test_retries_are_204_duplicates_and_store_nothing(srv: ServerProcess) -> Non
 
 
 def test_sequence_gap_is_409_with_expected_and_received(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     produce(u, "b", seq=1)
     before = state_of(u)
@@ -93,7 +92,7 @@ def test_sequence_gap_is_409_with_expected_and_received(srv: ServerProcess) -> N
 
 
 def test_stale_epoch_is_403_with_current_epoch(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", epoch=0, seq=0)
     produce(u, "b", epoch=0, seq=1)
     status, headers, _ = produce(u, "c", epoch=1, seq=0)
@@ -112,7 +111,7 @@ def test_stale_epoch_is_403_with_current_epoch(srv: ServerProcess) -> None:
 
 
 def test_auto_claim_by_bumping_past_the_reported_epoch(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", epoch=5, seq=0)
     status, headers, _ = produce(u, "b", epoch=0, seq=0)
     assert status == 403
@@ -122,7 +121,7 @@ def test_auto_claim_by_bumping_past_the_reported_epoch(srv: ServerProcess) -> No
 
 
 def test_epoch_bump_must_start_at_seq_zero(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", epoch=0, seq=0)
     before = state_of(u)
     status, _, body = produce(u, "b", epoch=1, seq=1)
@@ -134,16 +133,16 @@ def test_epoch_bump_must_start_at_seq_zero(srv: ServerProcess) -> None:
 
 
 def test_new_producer_must_start_at_seq_zero(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     before = state_of(u)
-    status, _, _ = produce(u, "a", pid="fresh", epoch=0, seq=3)
-    assert status in (400, 409)
+    status, _, body = produce(u, "a", pid="fresh", epoch=0, seq=3)
+    assert (status, error_message(body)) == (400, "a new producer epoch must start at sequence 0")
     assert state_of(u) == before
     assert produce(u, "a", pid="fresh", epoch=0, seq=0)[0] == 200
 
 
 def test_producers_are_independent(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     assert produce(u, "1", pid="A", seq=0)[0] == 200
     assert produce(u, "2", pid="B", seq=0)[0] == 200
     assert produce(u, "3", pid="A", seq=1)[0] == 200
@@ -154,14 +153,14 @@ def test_producers_are_independent(srv: ServerProcess) -> None:
 
 
 def test_producer_state_is_per_stream(srv: ServerProcess) -> None:
-    u1, u2 = new_stream(srv), new_stream(srv)
+    u1, u2 = new_stream(srv, "text/plain"), new_stream(srv, "text/plain")
     produce(u1, "a", epoch=2, seq=0)
     produce(u1, "b", epoch=2, seq=1)
     assert produce(u2, "c", epoch=0, seq=0)[0] == 200
 
 
 def test_plain_appends_mix_with_producer_appends(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     append(u, "-", "text/plain")
     produce(u, "b", seq=1)
@@ -181,7 +180,7 @@ def test_plain_appends_mix_with_producer_appends(srv: ServerProcess) -> None:
     ],
 )
 def test_partial_producer_headers_are_400(srv: ServerProcess, headers: dict[str, str]) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     before = state_of(u)
     status, _, body = request("POST", u, {"Content-Type": "text/plain", **headers}, "x")
     assert status == 400
@@ -192,7 +191,7 @@ def test_partial_producer_headers_are_400(srv: ServerProcess, headers: dict[str,
 @pytest.mark.parametrize("bad", ["-1", "1.0", "01", "+1", "1e3", "abc", "", "0x1", str(MAX_SAFE + 1)])
 @pytest.mark.parametrize("which", ["epoch", "seq"])
 def test_bad_producer_integers_are_400(srv: ServerProcess, which: str, bad: str) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     before = state_of(u)
     kwargs = {"epoch": 0, "seq": 0, which: bad}
     status, _, body = produce(u, "x", **kwargs)
@@ -202,21 +201,21 @@ def test_bad_producer_integers_are_400(srv: ServerProcess, which: str, bad: str)
 
 
 def test_largest_safe_integers_are_accepted(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     status, headers, _ = produce(u, "x", epoch=MAX_SAFE, seq=0)
     assert status == 200
     assert headers["Producer-Epoch"] == str(MAX_SAFE)
 
 
 def test_empty_producer_id_is_400(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     status, _, _ = produce(u, "x", pid="")
     assert status == 400
     assert read(u)[2] == b""
 
 
 def test_failed_stream_seq_check_does_not_advance_the_producer(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0, Stream_Seq="5")
     status, _, _ = produce(u, "b", seq=1, Stream_Seq="4")
     assert status == 409
@@ -226,7 +225,7 @@ def test_failed_stream_seq_check_does_not_advance_the_producer(srv: ServerProces
 
 
 def test_content_type_mismatch_does_not_advance_the_producer(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     assert produce(u, "{}", seq=1, content_type="application/json")[0] == 409
     assert produce(u, "b", seq=1)[0] == 200
@@ -243,7 +242,7 @@ def test_json_batches_are_deduplicated_as_a_unit(srv: ServerProcess) -> None:
 
 
 def test_append_and_close_then_retry_is_a_duplicate(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     status, headers, _ = produce(u, "z", seq=1, Stream_Closed="true")
     assert status == 200
@@ -266,7 +265,7 @@ def test_append_and_close_then_retry_is_a_duplicate(srv: ServerProcess) -> None:
 
 
 def test_close_only_with_producer_headers_and_duplicate_close(srv: ServerProcess) -> None:
-    u = new_stream(srv)
+    u = new_stream(srv, "text/plain")
     produce(u, "a", seq=0)
     headers = {"Producer-Id": "p1", "Producer-Epoch": "0", "Producer-Seq": "1", "Stream-Closed": "true"}
     status, h, _ = request("POST", u, headers, b"")

@@ -17,6 +17,7 @@ from .http_helpers import (
     error_message,
     head,
     module_server,
+    new_stream,
     read,
     read_all,
     request,
@@ -41,12 +42,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server that returns at most CHUNK bytes per catch-up read."""
     yield from module_server(tmp_path_factory, "read-chunky", "--read-chunk-bytes", str(CHUNK))
-
-
-def new_stream(srv: ServerProcess, content_type: str = "application/octet-stream", body: bytes = b"") -> str:
-    u = stream_url(srv.url, unique("read"))
-    assert create(u, content_type, body)[0] == 201
-    return u
 
 
 # ------------------------------------------------------------- catch-up
@@ -360,12 +355,27 @@ def test_delete_closed_stream(srv: ServerProcess) -> None:
 # ------------------------------------------------------------- cold tier
 
 
-def test_reads_stay_byte_exact_after_data_moves_to_the_cold_tier(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_reads_stay_byte_exact_after_data_moves_to_the_cold_tier(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Small segments, immediate flushing and no hot retention: reads come from cold objects."""
     data_dir = tmp_path_factory.mktemp("read-cold") / "data"
-    args = ["--segment-bytes", "1048576", "--max-body-bytes", "500000", "--hot-retention-s", "0",
-            "--flush-interval-s", "0.2", "--flush-bytes", "1000", "--cold-object-bytes", "100000",
-            "--read-chunk-bytes", "65536"]
+    args = [
+        "--segment-bytes",
+        "1048576",
+        "--max-body-bytes",
+        "500000",
+        "--hot-retention-s",
+        "0",
+        "--flush-interval-s",
+        "0.2",
+        "--flush-bytes",
+        "1000",
+        "--cold-object-bytes",
+        "100000",
+        "--read-chunk-bytes",
+        "65536",
+    ]
     srv = ServerProcess(data_dir, *args).start()
     rnd = random.Random(5)
     chunks = [rnd.randbytes(rnd.randint(1, 250_000)) for _ in range(9)] + [ALL_BYTES]
@@ -378,8 +388,11 @@ def test_reads_stay_byte_exact_after_data_moves_to_the_cold_tier(tmp_path_factor
     for i in range(0, 200, 25):
         append(j, json.dumps(messages[i : i + 25]), "application/json")
     f = stream_url(srv.url, unique("cold-fork"))
-    fork_headers = {"Stream-Forked-From": u[u.index("/v1/") :], "Stream-Fork-Offset": offsets[4],
-                    "Stream-Fork-Sub-Offset": "3"}
+    fork_headers = {
+        "Stream-Forked-From": u[u.index("/v1/") :],
+        "Stream-Fork-Offset": offsets[4],
+        "Stream-Fork-Sub-Offset": "3",
+    }
     assert request("PUT", f, fork_headers, b"own")[0] == 201
     expected = b"".join(chunks)
     deadline = time.monotonic() + 20

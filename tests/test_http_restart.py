@@ -38,8 +38,13 @@ def restart(old: ServerProcess, *, kill: bool = False) -> ServerProcess:
 
 
 def produce(u: str, body: str, epoch: int, seq: int, **extra: str) -> tuple[int, Any, bytes]:
-    headers = {"Content-Type": "text/plain", "Producer-Id": "writer", "Producer-Epoch": str(epoch),
-               "Producer-Seq": str(seq), **{k.replace("_", "-"): v for k, v in extra.items()}}
+    headers = {
+        "Content-Type": "text/plain",
+        "Producer-Id": "writer",
+        "Producer-Epoch": str(epoch),
+        "Producer-Seq": str(seq),
+        **{k.replace("_", "-"): v for k, v in extra.items()},
+    }
     return request("POST", u, headers, body)
 
 
@@ -108,7 +113,9 @@ def check_after_restart(u: dict[str, str], srv: ServerProcess) -> None:
     assert head(u["expires"])[1]["Stream-Expires-At"] == "2999-01-01T00:00:00+01:00"
     assert json.loads(read(u["json"])[2]) == [{"a": "line\nbreak"}, 2, {"b": [3]}]
     assert read(u["bucketed"])[2] == b"bucket data"
-    assert "restart-bucket" in [b["name"] for b in json.loads(request("GET", srv.url + "/v1/buckets")[2])["buckets"]]
+    assert "restart-bucket" in [
+        b["name"] for b in json.loads(request("GET", srv.url + "/v1/buckets")[2])["buckets"]
+    ]
     assert read(u["fork"])[2] == b"inherited,own"
     assert head(u["source"])[0] == 410
     assert create(u["source"], "text/plain")[0] == 409

@@ -98,7 +98,9 @@ def test_expired_source_with_a_fork(srv: ServerProcess) -> None:
     src = stream_url(srv.url, unique("src"))
     create(src, "text/plain", "inherited", Stream_TTL="1")
     f = stream_url(srv.url, unique("fork"))
-    status, _, _ = request("PUT", f, {"Stream-Forked-From": src[src.index("/v1/") :], "Stream-TTL": "3600"}, b"")
+    status, _, _ = request(
+        "PUT", f, {"Stream-Forked-From": src[src.index("/v1/") :], "Stream-TTL": "3600"}, b""
+    )
     assert status == 201
     time.sleep(1.4)
     assert head(src)[0] == 404

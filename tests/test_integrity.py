@@ -34,8 +34,16 @@ pytestmark = pytest.mark.timeout(180)
 OCTET = {"Content-Type": "application/octet-stream"}
 RECORD = 10_000
 REPRO = [
-    "--segment-bytes", "1048576", "--max-body-bytes", "262144",
-    "--flush-interval-s", "3600", "--flush-bytes", "1073741824", "--snapshot-every-bytes", "200000",
+    "--segment-bytes",
+    "1048576",
+    "--max-body-bytes",
+    "262144",
+    "--flush-interval-s",
+    "3600",
+    "--flush-bytes",
+    "1073741824",
+    "--snapshot-every-bytes",
+    "200000",
 ]
 
 
@@ -68,7 +76,9 @@ def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no
 
 def tiered(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERED_")}
-    return subprocess.run([sys.executable, "-m", "tiered.cli", *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tiered.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def flip(path: Path, pos: int) -> None:
@@ -97,7 +107,7 @@ def test_hot_damage_behind_the_snapshot_is_refused_and_never_copied(tmp_path: Pa
         srv.start()  # the damage lies before every snapshot position: the server starts
         status, headers, body = request("GET", url + "?offset=-1")
         assert status == 502, (status, body[:200])
-        assert json.loads(body)["code"] == "DATA_DAMAGED"
+        assert json.loads(body)["error"]["code"] == "DATA_DAMAGED"
         assert "Retry-After" not in headers  # damage is not an outage
         status, _, body = request("GET", url + f"?offset={offset(victim * RECORD)}")
         assert status == 502
@@ -109,16 +119,30 @@ def test_hot_damage_behind_the_snapshot_is_refused_and_never_copied(tmp_path: Pa
         assert srv.stop() == 0
 
         # Flushing as fast as it can, with hot copies dropped at once: the damage stays home.
-        srv.args = [*REPRO[:6], "--flush-interval-s", "0.2", "--hot-retention-s", "0", "--snapshot-every-bytes", "200000",
-                    "--read-chunk-bytes", str(RECORD)]
+        srv.args = [
+            *REPRO[:6],
+            "--flush-interval-s",
+            "0.2",
+            "--hot-retention-s",
+            "0",
+            "--snapshot-every-bytes",
+            "200000",
+            "--read-chunk-bytes",
+            str(RECORD),
+        ]
         srv.start()
         wait_for(lambda: metric(srv, "tiered_cold_objects") >= 1, "a cold object")
-        wait_for(lambda: metric(srv, "tiered_hot_bytes") == (300 - victim) * RECORD, "the undamaged prefix to move cold")
+        wait_for(
+            lambda: metric(srv, "tiered_hot_bytes") == (300 - victim) * RECORD,
+            "the undamaged prefix to move cold",
+        )
         time.sleep(1.0)  # more flush passes: none of them copies past the damage
         assert metric(srv, "tiered_hot_bytes") == (300 - victim) * RECORD
         assert metric(srv, "tiered_cold_flush_damaged_streams") == 1
         for i in range(victim):  # the cold prefix reads exactly, one record per read
-            status, headers, body = request("GET", url + ("?offset=-1" if i == 0 else f"?offset={offset(i * RECORD)}"))
+            status, headers, body = request(
+                "GET", url + ("?offset=-1" if i == 0 else f"?offset={offset(i * RECORD)}")
+            )
             assert status == 200 and body == payload(i), (i, status)
             assert headers["Stream-Next-Offset"] == offset((i + 1) * RECORD)
         status, _, _ = request("GET", url + f"?offset={offset(victim * RECORD)}")
@@ -131,12 +155,16 @@ def test_hot_damage_behind_the_snapshot_is_refused_and_never_copied(tmp_path: Pa
         assert re.search(r"integrity: not copying default/victim from offset 50000", log), log[-3000:]
         for obj in (data_dir / "cold" / "data").glob("*.parquet"):
             table = pq.read_table(obj)
-            for start, end in zip(table.column("start_offset").to_pylist(), table.column("end_offset").to_pylist(), strict=True):
+            for start, end in zip(
+                table.column("start_offset").to_pylist(), table.column("end_offset").to_pylist(), strict=True
+            ):
                 assert end <= victim * RECORD, f"{obj.name} holds [{start}, {end}), past the damaged record"
 
         result = tiered("verify", "--data-dir", str(data_dir))
         assert result.returncode == 1, result.stdout + result.stderr
-        assert "hot segment 1 bytes" in result.stdout and "holds default/victim [50000, 60000)" in result.stdout, result.stdout
+        assert (
+            "hot segment 1 bytes" in result.stdout and "holds default/victim [50000, 60000)" in result.stdout
+        ), result.stdout
     except BaseException:
         print(srv.log())
         raise
@@ -146,7 +174,9 @@ def test_hot_damage_behind_the_snapshot_is_refused_and_never_copied(tmp_path: Pa
 
 def test_every_flipped_byte_of_a_cold_object_is_refused_or_harmless(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    srv = ServerProcess(data_dir, "--flush-interval-s", "0.2", "--hot-retention-s", "0", "--read-cache-bytes", "0").start()
+    srv = ServerProcess(
+        data_dir, "--flush-interval-s", "0.2", "--hot-retention-s", "0", "--read-cache-bytes", "0"
+    ).start()
     url = srv.url + "/v1/stream/cold"
     records = [bytes([65 + i]) * 300 for i in range(6)]
     try:
@@ -163,7 +193,11 @@ def test_every_flipped_byte_of_a_cold_object_is_refused_or_harmless(tmp_path: Pa
             rg = meta.row_group(g)
             cols = [rg.column(c) for c in range(rg.num_columns)]
             lo = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols)
-            hi = max((c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset) + c.total_compressed_size for c in cols)
+            hi = max(
+                (c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset)
+                + c.total_compressed_size
+                for c in cols
+            )
             fetched.append((lo, hi))
         want = b"".join(records)
         answers: dict[int, int] = {}
@@ -177,7 +211,7 @@ def test_every_flipped_byte_of_a_cold_object_is_refused_or_harmless(tmp_path: Pa
             inside = any(lo <= pos < hi for lo, hi in fetched)
             if inside:
                 assert status == 502, f"byte {pos} of {size} (fetched) flipped: {status} {body[:80]!r}"
-                assert json.loads(body)["code"] == "DATA_DAMAGED"
+                assert json.loads(body)["error"]["code"] == "DATA_DAMAGED"
             else:
                 assert status == 200 and body == want, f"byte {pos} of {size} (not fetched) flipped: {status}"
         assert set(answers) <= {200, 502} and answers.get(502, 0) > size // 2, answers
@@ -211,8 +245,11 @@ def test_a_cut_acknowledged_record_is_logged(tmp_path: Path) -> None:
         with open(srv.log_path, "rb") as f:
             f.seek(mark)
             log = f.read().decode(errors="replace")
-        cut = re.search(r"recovery cut the tail of segment 1 at byte (\d+): (\d+) bytes \(checksum mismatch[^)]*\); "
-                        r"held a whole record with a bad checksum: Appended uid=1 offset=20000 10000 data bytes", log)
+        cut = re.search(
+            r"recovery cut the tail of segment 1 at byte (\d+): (\d+) bytes \(checksum mismatch[^)]*\); "
+            r"held a whole record with a bad checksum: Appended uid=1 offset=20000 10000 data bytes",
+            log,
+        )
         assert cut, log
         assert int(cut.group(1)) + int(cut.group(2)) == len(raw)
     finally:

@@ -17,12 +17,21 @@ from typing import Any
 import pytest
 
 from tests.state_fingerprint import fingerprint
+from tiered.errors import ErrorCode, TieredError
 from tiered.hot.log import LogPosition, SegmentLog
 from tiered.hot.segment import FRAME_SIZE, MARKER_FRAME_SIZE, frame, marker_frame, segment_name
-from tiered.journal import Journal, JournalFailed, data_location
-from tiered.records import Appended, Record, StreamCreated, StreamDeleted, encode_record
-from tiered.snapshot import SNAPSHOT_VERSION, SnapshotError, SnapshotStore, decode_snapshot, encode_snapshot
-from tiered.state import AppendRequest, CreateRequest, ForkRequest, StreamState
+from tiered.journal.codec import Record, encode_record
+from tiered.journal.journal import Journal, JournalFailed, data_location
+from tiered.journal.snapshot import (
+    SNAPSHOT_VERSION,
+    SnapshotError,
+    SnapshotStore,
+    decode_snapshot,
+    encode_snapshot,
+)
+from tiered.streams.model import AppendRequest, CreateRequest, ForkRequest
+from tiered.streams.records import Appended, StreamCreated, StreamDeleted
+from tiered.streams.state import StreamState
 
 B = "default"
 
@@ -31,13 +40,17 @@ B = "default"
 
 def make_journal(root: Path, **kw: Any) -> Journal:
     segment_bytes = kw.pop("segment_bytes", 1 << 20)
-    return Journal(SegmentLog(root / "hot", segment_bytes=segment_bytes), SnapshotStore(root / "snapshots"), **kw)
+    return Journal(
+        SegmentLog(root / "hot", segment_bytes=segment_bytes), SnapshotStore(root / "snapshots"), **kw
+    )
 
 
 def read_all(journal: Journal, state: StreamState, bucket: str, path: str) -> bytes:
     s = state.find(bucket, path)
     assert s is not None
-    return b"".join(journal.log.read(sl.segment, sl.position, sl.length) for sl in state.plan_read(s, 0, s.tail))
+    return b"".join(
+        journal.log.read(sl.segment, sl.position, sl.length) for sl in state.plan_read(s, 0, s.tail)
+    )
 
 
 class Writer:
@@ -48,7 +61,9 @@ class Writer:
         self.state = state
         self.records: list[Record] = []
 
-    def commit(self, records: list[Record], on_durable: Callable[[], None] | None = None) -> asyncio.Future[None] | None:
+    def commit(
+        self, records: list[Record], on_durable: Callable[[], None] | None = None
+    ) -> asyncio.Future[None] | None:
         fut = None
         for r in records:
             fut, loc = self.j.append(r, on_durable)
@@ -59,7 +74,9 @@ class Writer:
     def bucket(self, name: str, now: int = 0) -> asyncio.Future[None] | None:
         return self.commit(self.state.decide_bucket(name, now))
 
-    def create(self, path: str, data: bytes = b"", now: int = 0, bucket: str = B, **kw: Any) -> asyncio.Future[None] | None:
+    def create(
+        self, path: str, data: bytes = b"", now: int = 0, bucket: str = B, **kw: Any
+    ) -> asyncio.Future[None] | None:
         kw.setdefault("content_type", None)
         kw.setdefault("ttl_s", None)
         kw.setdefault("expires_at", None)
@@ -80,7 +97,9 @@ class Writer:
     def delete(self, path: str, now: int = 0) -> asyncio.Future[None] | None:
         return self.commit([self.state.decide_delete(B, path, now)])
 
-    def fork(self, path: str, src: str, offset: int, data: bytes = b"", now: int = 0) -> asyncio.Future[None] | None:
+    def fork(
+        self, path: str, src: str, offset: int, data: bytes = b"", now: int = 0
+    ) -> asyncio.Future[None] | None:
         s = self.state.lookup(B, src, now)
         return self.create(path, data, now, fork=ForkRequest(s.uid, offset, f"{src}@{offset}"))
 
@@ -244,7 +263,9 @@ def test_recovery_across_rolled_segments(tmp_path: Path) -> None:
     j2 = make_journal(tmp_path, segment_bytes=256)
     recovered = j2.recover()
     assert fingerprint(recovered) == final["fp"]
-    assert read_all(j2, recovered, B, "s") == final["data"] == b"".join(b"record-%03d|" % i for i in range(60))
+    assert (
+        read_all(j2, recovered, B, "s") == final["data"] == b"".join(b"record-%03d|" % i for i in range(60))
+    )
     j2.log.close()
 
 
@@ -274,17 +295,24 @@ def test_torn_tail_after_crash_loses_only_the_unacknowledged_record(tmp_path: Pa
 
 
 def test_data_location_is_the_payload_tail_of_the_body() -> None:
-    rec = Appended(uid=1, offset=0, ts_ms=0, producer=None, epoch=0, seq=0, stream_seq=None, close=False, data=b"PAYLOAD")
+    rec = Appended(
+        uid=1, offset=0, ts_ms=0, producer=None, epoch=0, seq=0, stream_seq=None, close=False, data=b"PAYLOAD"
+    )
     body = encode_record(rec)
     loc = data_location(rec, LogPosition(3, 100), len(body))
     assert loc == (3, 100 + len(body) - 7)
     assert body[loc[1] - 100 :] == b"PAYLOAD"
-    empty = Appended(uid=1, offset=0, ts_ms=0, producer=None, epoch=0, seq=0, stream_seq=None, close=True, data=b"")
+    empty = Appended(
+        uid=1, offset=0, ts_ms=0, producer=None, epoch=0, seq=0, stream_seq=None, close=True, data=b""
+    )
     assert data_location(empty, LogPosition(3, 100), 10) is None
     assert data_location(StreamDeleted(uid=1, ts_ms=0), LogPosition(3, 100), 10) is None
     created = StreamCreated(2, B, "p", "a/b", None, None, None, False, 0, None, 0, None, b"xyz")
     body = encode_record(created)
-    assert data_location(created, LogPosition(1, 8 + FRAME_SIZE), len(body)) == (1, 8 + FRAME_SIZE + len(body) - 3)
+    assert data_location(created, LogPosition(1, 8 + FRAME_SIZE), len(body)) == (
+        1,
+        8 + FRAME_SIZE + len(body) - 3,
+    )
 
 
 # --------------------------------------------------------------------------- snapshots + journal
@@ -567,7 +595,9 @@ def test_snapshot_round_trip_keeps_a_freed_path_free() -> None:
             state.apply(r, (1, next(loc)) if getattr(r, "data", b"") else None)
 
     def create(path: str, now: int, **kw: Any) -> None:
-        req = CreateRequest(kw.get("content_type"), kw.get("ttl_s"), None, None, False, kw.get("data", b""), kw.get("fork"))
+        req = CreateRequest(
+            kw.get("content_type"), kw.get("ttl_s"), None, None, False, kw.get("data", b""), kw.get("fork")
+        )
         records, _ = state.decide_create(B, path, req, now)
         commit(records)
 
@@ -578,9 +608,9 @@ def test_snapshot_round_trip_keeps_a_freed_path_free() -> None:
     create("a", 20_000, data=b"new")  # StreamExpired(old a: soft, has a fork) + StreamCreated
     commit([state.decide_delete(B, "a", 20_001)])
     assert (B, "a") not in state.paths
-    with pytest.raises(Exception) as live:
+    with pytest.raises(TieredError) as live:
         state.lookup(B, "a", 20_002)
-    assert getattr(live.value, "status", None) == 404
+    assert live.value.code is ErrorCode.STREAM_NOT_FOUND
 
     restored, _ = decode_snapshot(encode_snapshot(state, LogPosition(1, 8)))
     assert restored.paths == state.paths

@@ -567,4 +567,6 @@ def test_indexes_written_before_digests_still_read() -> None:
     old = msgspec.msgpack.decode(msgspec.msgpack.encode(as_list[:4]), type=ChunkIndex)
     assert old == legacy
     pieces, _ = read(blob, old, "b", "s03", 0, 10**9)
-    assert b"".join(p for _, p in pieces) == b"".join(r.payload for r in records if (r.bucket, r.stream) == ("b", "s03"))
+    assert b"".join(p for _, p in pieces) == b"".join(
+        r.payload for r in records if (r.bucket, r.stream) == ("b", "s03")
+    )

@@ -41,9 +41,26 @@ def keys(endpoint: s3_server.S3Endpoint, prefix: str) -> set[str]:
 def server(data: Path, endpoint: s3_server.S3Endpoint, prefix: str, *extra: str) -> ServerProcess:
     return ServerProcess(
         data,
-        "--cold-store", "s3", "--s3-bucket", endpoint.bucket, "--s3-prefix", prefix,
-        "--s3-endpoint", endpoint.url, "--s3-region", endpoint.region, "--s3-path-style", "true",
-        "--flush-interval-s", "0.1", "--hot-retention-s", "0", "--gc-grace-s", "0", "--gc-interval-s", "3600",
+        "--cold-store",
+        "s3",
+        "--s3-bucket",
+        endpoint.bucket,
+        "--s3-prefix",
+        prefix,
+        "--s3-endpoint",
+        endpoint.url,
+        "--s3-region",
+        endpoint.region,
+        "--s3-path-style",
+        "true",
+        "--flush-interval-s",
+        "0.1",
+        "--hot-retention-s",
+        "0",
+        "--gc-grace-s",
+        "0",
+        "--gc-interval-s",
+        "3600",
         *extra,
         env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
     )
@@ -57,7 +74,9 @@ def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no
         time.sleep(0.05)
 
 
-def test_a_second_server_on_the_same_prefix_refuses_to_start(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> None:
+def test_a_second_server_on_the_same_prefix_refuses_to_start(
+    tmp_path: Path, moto_s3: s3_server.S3Endpoint
+) -> None:
     prefix = f"claim-{time.monotonic_ns()}"
     a = server(tmp_path / "a", moto_s3, prefix).start()
     b = server(tmp_path / "b", moto_s3, prefix)
@@ -68,7 +87,11 @@ def test_a_second_server_on_the_same_prefix_refuses_to_start(tmp_path: Path, mot
         with pytest.raises(RuntimeError, match="exited with 1"):
             b.start()
         log = b.log()
-        assert "claimed by another tiered data dir" in log and "--take-over-prefix" in log and "--s3-prefix" in log, log
+        assert (
+            "claimed by another tiered data dir" in log
+            and "--take-over-prefix" in log
+            and "--s3-prefix" in log
+        ), log
         assert "Traceback" not in log
         assert keys(moto_s3, prefix) == a_objects
         assert a.stop() == 0
@@ -79,7 +102,9 @@ def test_a_second_server_on_the_same_prefix_refuses_to_start(tmp_path: Path, mot
         b.kill()
 
 
-def test_take_over_stops_the_old_owner_writing_and_deleting(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> None:
+def test_take_over_stops_the_old_owner_writing_and_deleting(
+    tmp_path: Path, moto_s3: s3_server.S3Endpoint
+) -> None:
     prefix = f"takeover-{time.monotonic_ns()}"
     a = server(tmp_path / "a", moto_s3, prefix).start()
     b = server(tmp_path / "b", moto_s3, prefix, "--take-over-prefix", "true")

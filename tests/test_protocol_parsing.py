@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from tiered.content import (
     DEFAULT_CONTENT_TYPE,
-    InvalidJson,
     count_json_messages,
     encode_json_messages,
     is_json,
@@ -26,25 +25,26 @@ from tiered.content import (
     media_type,
     valid_media_type,
 )
+from tiered.errors import ErrorCode, TieredError
 from tiered.ids import (
     DEFAULT_BUCKET,
     MAX_STREAM_PATH,
-    InvalidName,
     format_offset,
     parse_offset,
     validate_bucket,
     validate_stream_path,
 )
-from tiered.protocol import (
+from tiered.parsing import MAX_SAFE_INTEGER, parse_uint
+from tiered.streams.protocol import (
     CURSOR_EPOCH_S,
     CURSOR_INTERVAL_S,
-    MAX_SAFE_INTEGER,
-    BadRequest,
     next_cursor,
     parse_closed,
     parse_expires_at,
-    parse_uint,
 )
+
+# Every malformed value is the same refusal: a 400 that changes nothing.
+BadRequest = InvalidName = InvalidJson = TieredError
 
 # --------------------------------------------------------------------------- parse_uint
 
@@ -103,8 +103,10 @@ def test_parse_uint_enforces_maximum() -> None:
         parse_uint("9" * 400, "x")
 
 
-def test_bad_request_is_a_value_error() -> None:
-    assert issubclass(BadRequest, ValueError)
+def test_malformed_numbers_are_bad_request() -> None:
+    with pytest.raises(TieredError) as exc:
+        parse_uint("x", "y")
+    assert exc.value.code is ErrorCode.BAD_REQUEST
 
 
 @given(st.integers(min_value=0, max_value=MAX_SAFE_INTEGER))
@@ -120,7 +122,9 @@ def test_parse_closed_true(value: str) -> None:
     assert parse_closed(value) is True
 
 
-@pytest.mark.parametrize("value", [None, "", "false", "FALSE", "1", "yes", "on", "truee", "t", " true", "true "])
+@pytest.mark.parametrize(
+    "value", [None, "", "false", "FALSE", "1", "yes", "on", "truee", "t", " true", "true "]
+)
 def test_parse_closed_false(value: str | None) -> None:
     assert parse_closed(value) is False
 
@@ -332,7 +336,23 @@ def test_validate_bucket_accepts(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", "a", "ab", "a" * 64, "-ab", "ab-", "ABC", "aBc", "a_b", "a.b", "a b", "a/b", "ab\n", "\u00e9ab", "a--"],
+    [
+        "",
+        "a",
+        "ab",
+        "a" * 64,
+        "-ab",
+        "ab-",
+        "ABC",
+        "aBc",
+        "a_b",
+        "a.b",
+        "a b",
+        "a/b",
+        "ab\n",
+        "\u00e9ab",
+        "a--",
+    ],
 )
 def test_validate_bucket_rejects(name: str) -> None:
     with pytest.raises(InvalidName):
@@ -430,7 +450,9 @@ def test_content_type_predicates() -> None:
     assert not is_text_like("image/png")
 
 
-@pytest.mark.parametrize("ct", ["application/json", "text/plain; charset=utf-8", "a/b", "Application/X-Foo+json"])
+@pytest.mark.parametrize(
+    "ct", ["application/json", "text/plain; charset=utf-8", "a/b", "Application/X-Foo+json"]
+)
 def test_valid_media_type_accepts(ct: str) -> None:
     assert valid_media_type(ct)
 
@@ -444,7 +466,10 @@ def test_valid_media_type_rejects(ct: str) -> None:
 
 
 def test_json_single_value_becomes_one_compact_message() -> None:
-    assert encode_json_messages(b'  { "a" : 1 ,\n "b": [1, 2] }  ', allow_empty_array=False) == b'{"a":1,"b":[1,2]}\n'
+    assert (
+        encode_json_messages(b'  { "a" : 1 ,\n "b": [1, 2] }  ', allow_empty_array=False)
+        == b'{"a":1,"b":[1,2]}\n'
+    )
     assert encode_json_messages(b'"x"', allow_empty_array=False) == b'"x"\n'
     assert encode_json_messages(b"null", allow_empty_array=False) == b"null\n"
     assert encode_json_messages(b"0", allow_empty_array=False) == b"0\n"
@@ -479,7 +504,9 @@ def test_json_empty_array_only_where_allowed() -> None:
     assert encode_json_messages(b"[[]]", allow_empty_array=False) == b"[]\n"
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"[1,]", b"NaN", b"Infinity", b"1e400", b"{'a': 1}", b"[1] [2]", b"\xff"])
+@pytest.mark.parametrize(
+    "body", [b"", b"{", b"[1,]", b"NaN", b"Infinity", b"1e400", b"{'a': 1}", b"[1] [2]", b"\xff"]
+)
 def test_json_invalid_bodies_are_rejected(body: bytes) -> None:
     with pytest.raises(InvalidJson):
         encode_json_messages(body, allow_empty_array=True)
@@ -498,7 +525,9 @@ def test_json_array_rendering_and_count() -> None:
 
 
 def test_json_big_integers_survive() -> None:
-    stored = encode_json_messages(b"[12345678901234567890123, -98765432109876543210]", allow_empty_array=False)
+    stored = encode_json_messages(
+        b"[12345678901234567890123, -98765432109876543210]", allow_empty_array=False
+    )
     assert stored == b"12345678901234567890123\n-98765432109876543210\n"
 
 
@@ -508,7 +537,9 @@ _json_values = st.recursive(
     | st.integers(min_value=-(2**63), max_value=2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
     max_leaves=12,
 )
 

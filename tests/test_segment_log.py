@@ -44,7 +44,9 @@ from tiered.hot.segment import (
 # --------------------------------------------------------------------------- helpers
 
 
-def open_log(directory: Path, replay_from: LogPosition | None = None, **kw: int) -> tuple[SegmentLog, list[tuple[LogPosition, bytes]]]:
+def open_log(
+    directory: Path, replay_from: LogPosition | None = None, **kw: int
+) -> tuple[SegmentLog, list[tuple[LogPosition, bytes]]]:
     log = SegmentLog(directory, **kw)
     replayed = list(log.open(replay_from))
     return log, replayed
@@ -177,7 +179,14 @@ def test_segment_names() -> None:
     assert segment_name(1) == "00000000000000000001.seg"
     for sid in (0, 1, 42, 10**19):
         assert parse_segment_name(segment_name(sid)) == sid
-    for bad in ("1.seg", "00000000000000000001.seg.tmp", "0000000000000000000a.seg", "00000000000000000001.log", "x.seg", ""):
+    for bad in (
+        "1.seg",
+        "00000000000000000001.seg.tmp",
+        "0000000000000000000a.seg",
+        "00000000000000000001.log",
+        "x.seg",
+        "",
+    ):
         assert parse_segment_name(bad) is None
 
 
@@ -445,8 +454,14 @@ def _torn_next_write(kind: str) -> bytes:
 
 
 # Torn after its marker reached the disk: the bare marker is a whole frame and stays.
-MARKER_SURVIVES = {"incomplete record header", "record header only", "body cut short", "checksum mismatch",
-                   "zeroed record", "garbage record length"}
+MARKER_SURVIVES = {
+    "incomplete record header",
+    "record header only",
+    "body cut short",
+    "checksum mismatch",
+    "zeroed record",
+    "garbage record length",
+}
 
 
 TORN_KINDS = [
@@ -517,7 +532,9 @@ def _last_batch_cut_points(start: int, bodies: list[bytes]) -> list[int]:
 
 
 @pytest.mark.parametrize("damage", ["cut", "zero-filled", "garbage-filled"])
-def test_torn_write_inside_a_large_last_batch_is_cut_to_the_last_whole_record(tmp_path: Path, damage: str) -> None:
+def test_torn_write_inside_a_large_last_batch_is_cut_to_the_last_whole_record(
+    tmp_path: Path, damage: str
+) -> None:
     log, _ = open_log(tmp_path)
     first = bodies_of(4, tag=b"acked")
     first_positions = append_all(log, first)
@@ -642,11 +659,24 @@ def _damage(path: Path, how: str, record_at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-DAMAGE = ["checksum mismatch", "zeroed record", "zeroed length", "implausible length", "length past end of file"]
+DAMAGE = [
+    "checksum mismatch",
+    "zeroed record",
+    "zeroed length",
+    "implausible length",
+    "length past end of file",
+]
 
 
 @pytest.mark.parametrize("how", DAMAGE)
-@pytest.mark.parametrize("where", ["first record of the first batch", "middle of a middle batch", "last record of the batch before the last"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "first record of the first batch",
+        "middle of a middle batch",
+        "last record of the batch before the last",
+    ],
+)
 def test_corruption_followed_by_a_later_batch_raises(tmp_path: Path, where: str, how: str) -> None:
     # Whatever fails to verify with a later batch after it is acknowledged history, not a torn
     # write -- even with far less than max_batch_bytes (64 MiB by default) after it.
@@ -674,7 +704,9 @@ def test_checksum_mismatch_mid_batch_followed_by_another_batch_raises(tmp_path: 
     append_all(log, [b"the next batch"])
     log.close()
     flip_byte(seg_path(tmp_path, 1), positions[4].offset + 5)
-    with pytest.raises(CorruptSegmentError, match=r"checksum mismatch.*corruption inside acknowledged history"):
+    with pytest.raises(
+        CorruptSegmentError, match=r"checksum mismatch.*corruption inside acknowledged history"
+    ):
         open_log(tmp_path)
 
 
@@ -685,7 +717,9 @@ def test_damaged_marker_of_an_earlier_batch_raises(tmp_path: Path, how: str) -> 
     log.close()
     marker_at = batches[1][0].offset - FRAME_SIZE - MARKER_FRAME_SIZE
     path = seg_path(tmp_path, 1)
-    flip_byte(path, marker_at + {"marker body": FRAME_SIZE + 2, "marker checksum": 5, "marker length field": 0}[how])
+    flip_byte(
+        path, marker_at + {"marker body": FRAME_SIZE + 2, "marker checksum": 5, "marker length field": 0}[how]
+    )
     before = path.read_bytes()
     try:
         with pytest.raises(CorruptSegmentError):
@@ -784,7 +818,9 @@ def test_oversized_record_gets_a_segment_of_its_own(tmp_path: Path) -> None:
     assert log.read(positions[2].segment, positions[2].offset, 200) == big
     log.close()
     for sid, body in ((1, big), (2, b"small"), (3, big)):
-        assert batches_on_disk(seg_path(tmp_path, sid)) == [(HEADER_SIZE, MARKER_FRAME_SIZE + FRAME_SIZE + len(body), [body])]
+        assert batches_on_disk(seg_path(tmp_path, sid)) == [
+            (HEADER_SIZE, MARKER_FRAME_SIZE + FRAME_SIZE + len(body), [body])
+        ]
 
 
 def test_batch_spanning_a_roll_gets_a_marker_in_each_segment(tmp_path: Path) -> None:
@@ -797,7 +833,9 @@ def test_batch_spanning_a_roll_gets_a_marker_in_each_segment(tmp_path: Path) -> 
     assert batch.nbytes == 5 * (HEADER_SIZE + MARKER_FRAME_SIZE) + 9 * 38
     for part in batch.parts:
         assert part.data[:HEADER_SIZE] == MAGIC
-        assert part.data[HEADER_SIZE : HEADER_SIZE + MARKER_FRAME_SIZE] == marker_frame(len(part.data) - HEADER_SIZE)
+        assert part.data[HEADER_SIZE : HEADER_SIZE + MARKER_FRAME_SIZE] == marker_frame(
+            len(part.data) - HEADER_SIZE
+        )
     log.write_batch(batch, sync=True)
     for pos, body in zip(positions, bodies, strict=True):
         assert log.read(pos.segment, pos.offset, len(body)) == body
@@ -934,7 +972,9 @@ def test_damage_a_snapshot_covers_opens_and_fails_only_reads_of_it(tmp_path: Pat
         with pytest.raises(DamagedRecordError):
             log2.read_run(starts, lens, segs, poss, 0, 0, 11)
         assert log2.read_run(starts, lens, segs, poss, 2, 6, 11) == b"three"
-        assert [(d.start, d.reason) for d in log2.damage()[1]] == [(positions[1].offset - FRAME_SIZE, "checksum mismatch")]
+        assert [(d.start, d.reason) for d in log2.damage()[1]] == [
+            (positions[1].offset - FRAME_SIZE, "checksum mismatch")
+        ]
     finally:
         log2.close()
         assert path.read_bytes() == before

@@ -16,32 +16,25 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.error_helpers import http_status, protocol_headers
 from tests.state_fingerprint import fingerprint
 from tiered.content import DEFAULT_CONTENT_TYPE, media_type
+from tiered.errors import ErrorCode
+from tiered.errors import TieredError as StreamError
 from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
-from tiered.records import (
+from tiered.journal.codec import Record, decode_record, encode_record
+from tiered.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, HotSlice, Stream
+from tiered.streams.records import (
     Appended,
     BucketCreated,
-    Record,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
     StreamTouched,
-    decode_record,
-    encode_record,
 )
-from tiered.snapshot import decode_snapshot, encode_snapshot
-from tiered.state import (
-    AppendRequest,
-    CreateRequest,
-    Duplicate,
-    ForkRequest,
-    HotSlice,
-    Stream,
-    StreamError,
-    StreamState,
-)
+from tiered.streams.state import StreamState
 
 B = DEFAULT_BUCKET
 
@@ -163,7 +156,9 @@ class Harness:
         self.commit([record])
         return record
 
-    def fork_request(self, src: str, offset: int | None = None, *, now: int = 0, spec: str | None = None) -> ForkRequest:
+    def fork_request(
+        self, src: str, offset: int | None = None, *, now: int = 0, spec: str | None = None
+    ) -> ForkRequest:
         s = self.state.lookup(B, src, now)
         off = s.tail if offset is None else offset
         return ForkRequest(s.uid, off, spec or f"{src}@{off}")
@@ -172,7 +167,7 @@ class Harness:
 def status_of(fn: Any, *args: Any) -> int:
     with pytest.raises(StreamError) as exc:
         fn(*args)
-    return exc.value.status
+    return http_status(exc.value)
 
 
 # --------------------------------------------------------------------------- create
@@ -186,7 +181,13 @@ def test_create_emits_a_record_and_applies() -> None:
     rec = records[0]
     assert isinstance(rec, StreamCreated)
     assert (rec.uid, rec.bucket, rec.path, rec.content_type, rec.ts_ms) == (1, B, "orders", "text/plain", 100)
-    assert (rec.fork_source, rec.fork_offset, rec.fork_spec, rec.closed, rec.data) == (None, 0, None, False, b"hello")
+    assert (rec.fork_source, rec.fork_offset, rec.fork_spec, rec.closed, rec.data) == (
+        None,
+        0,
+        None,
+        False,
+        b"hello",
+    )
     # Deciding changes nothing until the record is applied.
     assert h.state.find(B, "orders") is None
     h.commit(records)
@@ -263,7 +264,7 @@ def test_create_config_mismatch_is_409(first: dict[str, Any], second: dict[str, 
     h.create("s", **first)
     with pytest.raises(StreamError) as exc:
         h.decide_create("s", now=1, **second)
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 def test_create_matches_against_current_closed_state() -> None:
@@ -290,7 +291,7 @@ def test_buckets() -> None:
     assert h.state.decide_bucket(B, 0) == []
     with pytest.raises(StreamError) as exc:
         h.decide_create("s", bucket="tenant-a")
-    assert exc.value.status == 404 and "tenant-a" in exc.value.message
+    assert http_status(exc.value) == 404 and "tenant-a" in exc.value.message
     records = h.state.decide_bucket("tenant-a", 55)
     assert records == [BucketCreated(name="tenant-a", ts_ms=55)]
     h.commit(records)
@@ -336,7 +337,7 @@ def test_append_to_missing_stream_is_404() -> None:
     assert status_of(h.state.decide_delete, B, "nope", 0) == 404
     with pytest.raises(StreamError) as exc:
         h.state.lookup(B, "nope", 0)
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
 
 
 def test_append_content_type_must_match() -> None:
@@ -344,7 +345,7 @@ def test_append_content_type_must_match() -> None:
     h.create("s", content_type="application/json")
     with pytest.raises(StreamError) as exc:
         h.append("s", b"1\n", content_type="text/plain")
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
     assert isinstance(h.append("s", b"1\n", content_type="Application/JSON; charset=utf-8"), Appended)
     assert isinstance(h.append("s", b"2\n"), Appended)  # no Content-Type: accepted
     # A close-only request carries no body, so its Content-Type is not checked.
@@ -355,7 +356,9 @@ def test_append_content_type_must_match() -> None:
 def test_apply_refuses_data_without_a_location() -> None:
     st_ = StreamState()
     with pytest.raises(ValueError):
-        st_.apply(StreamCreated(1, B, "s", DEFAULT_CONTENT_TYPE, None, None, None, False, 0, None, 0, None, b"x"))
+        st_.apply(
+            StreamCreated(1, B, "s", DEFAULT_CONTENT_TYPE, None, None, None, False, 0, None, 0, None, b"x")
+        )
     st_.apply(StreamCreated(1, B, "s", DEFAULT_CONTENT_TYPE, None, None, None, False, 0, None, 0, None, b""))
     with pytest.raises(ValueError):
         st_.apply(Appended(1, 0, 0, None, 0, 0, None, False, b"x"))
@@ -394,11 +397,11 @@ def test_append_after_close_is_409_with_headers() -> None:
     h.append("s", close=True)
     with pytest.raises(StreamError) as exc:
         h.append("s", b"more")
-    assert exc.value.status == 409
-    assert exc.value.headers == {"Stream-Closed": "true", "Stream-Next-Offset": format_offset(4)}
+    assert http_status(exc.value) == 409
+    assert protocol_headers(exc.value) == {"Stream-Closed": "true", "Stream-Next-Offset": format_offset(4)}
     with pytest.raises(StreamError) as exc:
         h.append("s", b"more", close=True)
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 def test_created_closed_stream_refuses_appends() -> None:
@@ -408,8 +411,8 @@ def test_created_closed_stream_refuses_appends() -> None:
     assert s.closed and s.tail == 5
     with pytest.raises(StreamError) as exc:
         h.append("s", b"x")
-    assert exc.value.status == 409
-    assert exc.value.headers["Stream-Next-Offset"] == format_offset(5)
+    assert http_status(exc.value) == 409
+    assert protocol_headers(exc.value)["Stream-Next-Offset"] == format_offset(5)
     assert isinstance(h.append("s", close=True), Duplicate)
 
 
@@ -437,8 +440,8 @@ def test_producer_sequence_gap_is_409_with_headers() -> None:
     h.append("s", b"a", producer="p", epoch=0, seq=0)
     with pytest.raises(StreamError) as exc:
         h.append("s", b"c", producer="p", epoch=0, seq=2)
-    assert exc.value.status == 409
-    assert exc.value.headers == {"Producer-Expected-Seq": "1", "Producer-Received-Seq": "2"}
+    assert http_status(exc.value) == 409
+    assert protocol_headers(exc.value) == {"Producer-Expected-Seq": "1", "Producer-Received-Seq": "2"}
 
 
 def test_producer_stale_epoch_is_403_with_current_epoch() -> None:
@@ -448,8 +451,8 @@ def test_producer_stale_epoch_is_403_with_current_epoch() -> None:
     assert isinstance(h.append("s", b"b", producer="p", epoch=3, seq=0), Appended)
     with pytest.raises(StreamError) as exc:
         h.append("s", b"z", producer="p", epoch=2, seq=1)
-    assert exc.value.status == 403
-    assert exc.value.headers == {"Producer-Epoch": "3"}
+    assert http_status(exc.value) == 403
+    assert protocol_headers(exc.value) == {"Producer-Epoch": "3"}
     assert h.stream("s").producers["p"].epoch == 3
 
 
@@ -459,11 +462,11 @@ def test_producer_epoch_bump_must_start_at_seq_zero() -> None:
     h.append("s", b"a", producer="p", epoch=0, seq=0)
     with pytest.raises(StreamError) as exc:
         h.append("s", b"b", producer="p", epoch=1, seq=1)
-    assert exc.value.status == 400
+    assert http_status(exc.value) == 400
     # A brand-new producer must start at 0 too.
     with pytest.raises(StreamError) as exc:
         h.append("s", b"b", producer="fresh", epoch=0, seq=5)
-    assert exc.value.status == 400
+    assert http_status(exc.value) == 400
     # And a new producer may start at any epoch.
     assert isinstance(h.append("s", b"c", producer="late", epoch=7, seq=0), Appended)
 
@@ -476,7 +479,10 @@ def test_producers_are_independent_and_per_stream() -> None:
     h.append("s", b"2", producer="q", seq=0)
     h.append("s", b"3", producer="p", seq=1)
     assert isinstance(h.append("t", b"x", producer="p", seq=0), Appended)
-    assert {k: (v.epoch, v.last_seq) for k, v in h.stream("s").producers.items()} == {"p": (0, 1), "q": (0, 0)}
+    assert {k: (v.epoch, v.last_seq) for k, v in h.stream("s").producers.items()} == {
+        "p": (0, 1),
+        "q": (0, 0),
+    }
     assert h.read("s") == b"123"
 
 
@@ -493,7 +499,7 @@ def test_close_by_producer_then_same_tuple_is_duplicate() -> None:
     # Another tuple carrying data is refused; a bare close stays a duplicate.
     with pytest.raises(StreamError) as exc:
         h.append("s", b"c", producer="p", epoch=0, seq=2)
-    assert exc.value.status == 409 and exc.value.headers["Stream-Closed"] == "true"
+    assert http_status(exc.value) == 409 and protocol_headers(exc.value)["Stream-Closed"] == "true"
     dup2 = h.append("s", producer="q", epoch=0, seq=0, close=True)
     assert isinstance(dup2, Duplicate) and (dup2.epoch, dup2.seq) == (None, None)
     assert h.read("s") == b"ab"
@@ -510,7 +516,7 @@ def test_stream_seq_must_increase_lexicographically() -> None:
     for bad in ("b", "a", "", "ab"):
         with pytest.raises(StreamError) as exc:
             h.append("s", b"x", stream_seq=bad)
-        assert exc.value.status == 409
+        assert http_status(exc.value) == 409
     # An append without Stream-Seq neither checks nor resets it.
     assert isinstance(h.append("s", b"3"), Appended)
     assert h.stream("s").stream_seq == "b"
@@ -532,7 +538,7 @@ def test_ttl_expiry_is_404_and_activity_extends_it() -> None:
     assert h.state.lookup(B, "s", 9_999).uid == 1
     with pytest.raises(StreamError) as exc:
         h.state.lookup(B, "s", 10_000)
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     h.append("s", b"y", now=5_000)
     assert h.state.lookup(B, "s", 14_999).tail == 2
     for fn in (
@@ -542,7 +548,7 @@ def test_ttl_expiry_is_404_and_activity_extends_it() -> None:
     ):
         with pytest.raises(StreamError) as exc:
             fn()
-        assert exc.value.status == 404
+        assert http_status(exc.value) == 404
     # Expiry is lazy: nothing is journaled by merely looking.
     assert h.state.find(B, "s") is not None
 
@@ -554,7 +560,7 @@ def test_expires_at_is_absolute() -> None:
     assert h.state.lookup(B, "s", 999).tail == 1
     with pytest.raises(StreamError) as exc:
         h.state.lookup(B, "s", 1_000)
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     assert h.stream("s").expires_at == "at:1000"
 
 
@@ -656,7 +662,7 @@ def test_fork_offset_bounds() -> None:
     for bad in (-1, 7, 100):
         with pytest.raises(StreamError) as exc:
             h.decide_create("f", fork=ForkRequest(src.uid, bad, f"src@{bad}"))
-        assert exc.value.status == 400
+        assert http_status(exc.value) == 400
     for i, good in enumerate((0, 3, 6)):
         h.create(f"f{i}", fork=ForkRequest(src.uid, good, f"src@{good}"))
         f = h.stream(f"f{i}")
@@ -669,14 +675,14 @@ def test_fork_of_missing_or_deleted_source() -> None:
     h = Harness()
     with pytest.raises(StreamError) as exc:
         h.decide_create("f", fork=ForkRequest(99, 0, "x"))
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     h.create("src", data=b"abc")
     h.create("f1", fork=h.fork_request("src"))
     src_uid = h.stream("src").uid
     h.delete("src")  # soft: f1 still reads through it
     with pytest.raises(StreamError) as exc:
         h.decide_create("f2", fork=ForkRequest(src_uid, 1, "src@1"))
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 def test_fork_content_type_inheritance_and_mismatch() -> None:
@@ -689,7 +695,7 @@ def test_fork_content_type_inheritance_and_mismatch() -> None:
     assert h.stream("g").content_type == "application/json; charset=utf-8"
     with pytest.raises(StreamError) as exc:
         h.decide_create("x", content_type="text/plain", fork=h.fork_request("src", 2))
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
     # Idempotent re-create of a fork without Content-Type matches the inherited type ...
     records, existing = h.decide_create("f", fork=h.fork_request("src", 2))
     assert records == [] and existing is h.stream("f")
@@ -698,7 +704,7 @@ def test_fork_content_type_inheritance_and_mismatch() -> None:
     assert records == [] and existing is h.stream("f")
     with pytest.raises(StreamError) as exc:
         h.decide_create("f", fork=h.fork_request("src", 1))
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 _T_SRC = 10**9
@@ -778,7 +784,11 @@ def test_fork_reads_stitch_source_and_fork_bytes() -> None:
     assert len(slices) == 2
     assert slices[0].segment == src.chunks.segs[0] and slices[0].position == src.chunks.poss[0] + 3
     assert slices[0].length == 2
-    assert (slices[1].segment, slices[1].position, slices[1].length) == (f.chunks.segs[0], f.chunks.poss[0], 3)
+    assert (slices[1].segment, slices[1].position, slices[1].length) == (
+        f.chunks.segs[0],
+        f.chunks.poss[0],
+        3,
+    )
     # Reads entirely inside the inherited range come only from the source.
     assert all(sl.segment in set(src.chunks.segs) for sl in h.state.plan_read(f, 0, 5))
     assert h.state.plan_read(f, 5, 5) == []
@@ -832,7 +842,7 @@ def test_soft_delete_with_forks_is_410() -> None:
     ):
         with pytest.raises(StreamError) as exc:
             fn()
-        assert exc.value.status == 410
+        assert http_status(exc.value) == 410
     # Re-creating the path is a conflict while the forks need it.
     assert status_of(h.decide_create, "src") == 409
     # The fork still reads the inherited bytes.
@@ -920,21 +930,19 @@ def test_fork_from_an_expired_source_is_refused() -> None:
     src_uid = h.stream("src").uid
     with pytest.raises(StreamError) as exc:
         h.decide_create("f", now=5_000, fork=ForkRequest(src_uid, 1, "src@1"))
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
 
 
 def test_fork_of_expired_stream_at_its_own_path_is_consistent() -> None:
+    """Forking an expired stream onto its own path: the source is gone (checked first), nothing changes."""
     h = Harness()
     h.create("s", now=0, ttl_s=1, data=b"abc")
     src_uid = h.stream("s").uid
-    try:
-        records, _ = h.decide_create("s", now=5_000, fork=ForkRequest(src_uid, 1, "s@1"))
-    except StreamError as exc:
-        assert exc.status in (404, 409)
-        return
-    h.commit(records)
-    replayed = h.replay()
-    assert fingerprint(replayed) == fingerprint(h.state)
+    before = fingerprint(h.state)
+    with pytest.raises(StreamError) as exc:
+        h.decide_create("s", now=5_000, fork=ForkRequest(src_uid, 1, "s@1"))
+    assert exc.value.code is ErrorCode.FORK_SOURCE_NOT_FOUND
+    assert fingerprint(h.state) == before
 
 
 # --------------------------------------------------------------------------- hot_bytes
@@ -967,7 +975,9 @@ def test_every_record_type_round_trips_through_msgpack() -> None:
     records: list[Record] = [
         BucketCreated(name="b-1", ts_ms=1),
         StreamCreated(7, B, "p/q", "text/plain", 60, None, None, True, 2, 3, 4, "spec", b"\x00\xff"),
-        StreamCreated(8, B, "r", "a/b", None, "2024-01-01T00:00:00Z", 1704067200000, False, 2, None, 0, None, b""),
+        StreamCreated(
+            8, B, "r", "a/b", None, "2024-01-01T00:00:00Z", 1704067200000, False, 2, None, 0, None, b""
+        ),
         Appended(7, 4, 5, "prod", 1, 2, "seq", True, b"data"),
         Appended(7, 4, 5, None, 0, 0, None, False, b""),
         StreamDeleted(7, 6),
@@ -1077,7 +1087,9 @@ class Model:
         if not s.soft_deleted:
             return len(s.content)
         ends = [
-            min(len(c.content) - c.own_bytes, self._need_end(c)) for c in self.objs.values() if c.fork_source is s
+            min(len(c.content) - c.own_bytes, self._need_end(c))
+            for c in self.objs.values()
+            if c.fork_source is s
         ]
         return max(ends, default=0)
 
@@ -1096,7 +1108,9 @@ def _expiry_kwargs(spec: tuple[str, int] | None, now: int) -> dict[str, int]:
     return {"ttl_s": spec[1]} if spec[0] == "ttl" else {"expires_at_ms": now + spec[1]}
 
 
-def _same_config(s: MStream, ct: str | None, ttl: int | None, exp: int | None, closed: bool, spec: str | None) -> bool:
+def _same_config(
+    s: MStream, ct: str | None, ttl: int | None, exp: int | None, closed: bool, spec: str | None
+) -> bool:
     wanted = ct if ct is not None else (s.content_type if spec is not None else DEFAULT_CONTENT_TYPE)
     same = media_type(wanted) == media_type(s.content_type) and closed == s.closed and spec == s.fork_spec
     if spec is None or ttl is not None or exp is not None:
@@ -1112,7 +1126,9 @@ class Runner:
 
     # Each step predicts the outcome with the model, runs decide/apply, and compares.
 
-    def create(self, path: str, ct: str | None, expiry: Any, closed: bool, data: bytes, fork: Any = None) -> None:
+    def create(
+        self, path: str, ct: str | None, expiry: Any, closed: bool, data: bytes, fork: Any = None
+    ) -> None:
         h, m, now = self.h, self.m, self.now
         kw = _expiry_kwargs(expiry, now)
         ttl, exp = kw.get("ttl_s"), kw.get("expires_at_ms")
@@ -1125,8 +1141,8 @@ class Runner:
             try:
                 s_state = h.state.lookup(B, src_path, now)
             except StreamError as exc:
-                assert exc.status == resolved
-                event(f"fork source lookup {exc.status}")
+                assert http_status(exc) == resolved
+                event(f"fork source lookup {http_status(exc)}")
                 return
             assert isinstance(resolved, MStream) and resolved.uid == s_state.uid
             src = resolved
@@ -1151,10 +1167,12 @@ class Runner:
                 expected = 400
 
         try:
-            records, found = h.decide_create(path, now=now, content_type=ct, closed=closed, data=data, fork=freq, **kw)
+            records, found = h.decide_create(
+                path, now=now, content_type=ct, closed=closed, data=data, fork=freq, **kw
+            )
         except StreamError as exc:
-            assert exc.status == expected, (exc.status, exc.message, expected)
-            event(f"create refused {exc.status}")
+            assert http_status(exc) == expected, (http_status(exc), exc.message, expected)
+            event(f"create refused {http_status(exc)}")
             return
         if expected == "match":
             event("create matched existing")
@@ -1224,8 +1242,8 @@ class Runner:
         try:
             decided = h.append(path, data, now=now, close=close, producer=pid, epoch=epoch, seq=seq)
         except StreamError as exc:
-            assert exc.status == expected, (exc.status, exc.message, expected)
-            event(f"append refused {exc.status}")
+            assert http_status(exc) == expected, (http_status(exc), exc.message, expected)
+            event(f"append refused {http_status(exc)}")
             return
         if expected == "dup":
             assert isinstance(decided, Duplicate)
@@ -1250,7 +1268,7 @@ class Runner:
         try:
             h.delete(path, now=now)
         except StreamError as exc:
-            assert exc.status == s
+            assert http_status(exc) == s
             return
         assert isinstance(s, MStream)
         event("soft delete" if s.forks else "delete")
@@ -1274,7 +1292,7 @@ class Runner:
             try:
                 got: int = state.lookup(B, p, self.now).uid
             except StreamError as exc:
-                got = exc.status
+                got = http_status(exc)
             assert got == (want if isinstance(want, int) else want.uid)
 
     def check_reads(self, state: StreamState) -> None:
@@ -1301,7 +1319,12 @@ _early_path = st.sampled_from(PATHS[:3])
 
 def _create_on(paths: st.SearchStrategy[str]) -> st.SearchStrategy[tuple[Any, ...]]:
     return st.tuples(
-        st.just("create"), paths, st.sampled_from(CTS), st.sampled_from(EXPIRIES), st.booleans(), st.binary(max_size=5)
+        st.just("create"),
+        paths,
+        st.sampled_from(CTS),
+        st.sampled_from(EXPIRIES),
+        st.booleans(),
+        st.binary(max_size=5),
     )
 
 
@@ -1316,21 +1339,36 @@ _fork = st.tuples(
     st.binary(max_size=4),
 )
 _append = st.tuples(st.just("append"), _path, st.binary(min_size=1, max_size=6), st.booleans(), _producer)
-_plain_append = st.tuples(st.just("append"), _path, st.binary(min_size=1, max_size=6), st.just(False), st.just(None))
+_plain_append = st.tuples(
+    st.just("append"), _path, st.binary(min_size=1, max_size=6), st.just(False), st.just(None)
+)
 _close = st.tuples(st.just("close"), _path, _producer)
 _delete = st.tuples(st.just("delete"), _path)
 _advance = st.tuples(st.just("advance"), st.sampled_from([0, 400, 1_000, 2_500]))
-_commands = st.one_of(_create, _create, _fork, _fork, _fork, _append, _plain_append, _plain_append, _close, _delete, _delete, _advance)
+_commands = st.one_of(
+    _create,
+    _create,
+    _fork,
+    _fork,
+    _fork,
+    _append,
+    _plain_append,
+    _plain_append,
+    _close,
+    _delete,
+    _delete,
+    _advance,
+)
 _histories = st.tuples(
     st.lists(_create_on(_early_path), min_size=2, max_size=3), st.lists(_commands, min_size=12, max_size=40)
-).map(
-    lambda t: t[0] + t[1]
-)
+).map(lambda t: t[0] + t[1])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(commands=_histories, snapshot_at=st.integers(min_value=0, max_value=43))
-def test_model_based_decide_apply_read_replay_snapshot(commands: list[tuple[Any, ...]], snapshot_at: int) -> None:
+def test_model_based_decide_apply_read_replay_snapshot(
+    commands: list[tuple[Any, ...]], snapshot_at: int
+) -> None:
     r = Runner()
     snap: tuple[bytes, int] | None = None
     for i, cmd in enumerate(commands):

@@ -46,16 +46,40 @@ def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no
         time.sleep(0.05)
 
 
-def test_stalled_store_bounds_cold_reads_and_turns_readiness_off(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> None:
+def test_stalled_store_bounds_cold_reads_and_turns_readiness_off(
+    tmp_path: Path, moto_s3: s3_server.S3Endpoint
+) -> None:
     target = urlsplit(moto_s3.url)
     with proxy_to(target.hostname or "127.0.0.1", target.port or 80) as proxy:
         srv = ServerProcess(
             tmp_path / "data",
-            "--cold-store", "s3", "--s3-bucket", moto_s3.bucket, "--s3-prefix", "outage",
-            "--s3-endpoint", proxy.url, "--s3-region", moto_s3.region, "--s3-path-style", "true",
-            "--flush-interval-s", "0.1", "--hot-retention-s", "0", "--read-cache-bytes", "0",
-            "--cold-read-timeout-s", "1", "--store-probe-interval-s", "0.3", "--gc-interval-s", "3600",
-            env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
+            "--cold-store",
+            "s3",
+            "--s3-bucket",
+            moto_s3.bucket,
+            "--s3-prefix",
+            "outage",
+            "--s3-endpoint",
+            proxy.url,
+            "--s3-region",
+            moto_s3.region,
+            "--s3-path-style",
+            "true",
+            "--flush-interval-s",
+            "0.1",
+            "--hot-retention-s",
+            "0",
+            "--read-cache-bytes",
+            "0",
+            "--cold-read-timeout-s",
+            "1",
+            "--store-probe-interval-s",
+            "0.3",
+            "--gc-interval-s",
+            "3600",
+            env={
+                k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+            },
         ).start()
         cold_url, hot_url = srv.url + "/v1/stream/cold", srv.url + "/v1/stream/hot"
         try:
@@ -69,10 +93,12 @@ def test_stalled_store_bounds_cold_reads_and_turns_readiness_off(tmp_path: Path,
             status, headers, body = request("GET", cold_url + "?offset=-1", timeout=30)
             elapsed = time.monotonic() - started
             assert status == 503 and headers["Retry-After"], (status, body)
-            assert "did not answer within 1s" in json.loads(body)["error"]
+            assert "did not answer within 1s" in json.loads(body)["error"]["message"]
             assert elapsed < 5, f"a cold read waited {elapsed:.1f}s on a stalled store"
             assert metric(srv, "tiered_store_stalls_total") >= 1
-            wait_for(lambda: request("GET", srv.url + "/readyz")[0] == 503, "/readyz to report the outage", 10)
+            wait_for(
+                lambda: request("GET", srv.url + "/readyz")[0] == 503, "/readyz to report the outage", 10
+            )
             status, _, raw = request("GET", srv.url + "/readyz")
             assert json.loads(raw)["store"]["reachable"] is False
             status, _, raw = request("GET", srv.url + "/healthz")
@@ -85,7 +111,9 @@ def test_stalled_store_bounds_cold_reads_and_turns_readiness_off(tmp_path: Path,
 
             proxy.set("forward")
             wait_for(lambda: request("GET", srv.url + "/readyz")[0] == 200, "readiness after the outage", 30)
-            wait_for(lambda: request("GET", cold_url + "?offset=-1", timeout=30)[0] == 200, "cold reads again", 30)
+            wait_for(
+                lambda: request("GET", cold_url + "?offset=-1", timeout=30)[0] == 200, "cold reads again", 30
+            )
             assert request("GET", cold_url + "?offset=-1")[2] == b"c" * 5000
             assert metric(srv, "tiered_store_reachable") == 1
         except BaseException:

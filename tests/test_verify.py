@@ -34,7 +34,9 @@ def _flushed_data_dir(tmp_path: Path) -> Path:
 def _verify(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tiered.cli", "verify", "--data-dir", str(data)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
-from tiered.webhook_policy import (
+from tiered.subscriptions.webhook_policy import (
     WebhookUrlRejected,
     address_allowed,
     check_webhook_url,
@@ -59,8 +59,17 @@ LOOPBACK = [
     "http://0x7f.1/x",
 ]
 REFUSED_ADDRESSES = [
-    "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254", "0.0.0.0", "100.64.0.1", "224.0.0.1",
-    "[fe80::1]", "[fd00::1]", "[::ffff:10.0.0.1]", "10.1",
+    "10.0.0.1",
+    "172.16.5.4",
+    "192.168.1.1",
+    "169.254.169.254",
+    "0.0.0.0",
+    "100.64.0.1",
+    "224.0.0.1",
+    "[fe80::1]",
+    "[fd00::1]",
+    "[::ffff:10.0.0.1]",
+    "10.1",
     "[64:ff9b::a9fe:a9fe]",  # NAT64 form of 169.254.169.254
     "[2002:a9fe:a9fe::]",  # 6to4 form of 169.254.169.254
     "[fec0::1]",  # site-local
@@ -168,8 +177,15 @@ def test_server_refuses_loopback_webhooks_unless_allowed(tmp_path: Path) -> None
     ct = {"Content-Type": "application/json"}
     srv = ServerProcess(tmp_path / "a", "--host", "127.0.0.1").start()
     try:
-        for url in ("http://127.0.0.1:9/x", "http://localhost:9/x", "https://１２７.０.０.１:18443/", "https://[::127.0.0.1]/",
-                    "https://[64:ff9b::a9fe:a9fe]/", "https://[2002:a9fe:a9fe::]/", "https://[fec0::1]/"):
+        for url in (
+            "http://127.0.0.1:9/x",
+            "http://localhost:9/x",
+            "https://１２７.０.０.１:18443/",
+            "https://[::127.0.0.1]/",
+            "https://[64:ff9b::a9fe:a9fe]/",
+            "https://[2002:a9fe:a9fe::]/",
+            "https://[fec0::1]/",
+        ):
             raw = json.dumps({"type": "webhook", "streams": ["s"], "webhook": {"url": url}}).encode()
             status, _, answer = request("PUT", srv.url + "/v1/stream/__ds/subscriptions/s1", ct, raw)
             assert status == 400 and b"WEBHOOK_URL_REJECTED" in answer, (url, status, answer)

@@ -13,54 +13,114 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 MiB = 1024 * 1024
 
 
+SERVE = ("serve",)
+ALL = ("serve", "verify", "gc")
+STORE = ALL
+OFFLINE_GC = ("serve", "gc")
+
+
+def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
+    """A configuration field: its default, what it does, and which commands use it (``--help`` shows only those)."""
+    return field(default=default, metadata={"help": help, "commands": commands})
+
+
 @dataclass
 class Config:
-    host: str = "127.0.0.1"
-    port: int = 4437
-    data_dir: str = "./tiered-data"
-    fsync: str = "always"
-    fsync_interval_ms: int = 50
-    segment_bytes: int = 64 * MiB
-    max_body_bytes: int = 16 * MiB
-    max_hot_bytes: int = 8 * 1024 * MiB
-    max_waiters: int = 10_000
-    long_poll_timeout_s: float = 20.0
-    sse_max_connection_s: float = 60.0
-    read_chunk_bytes: int = 4 * MiB
-    snapshot_every_bytes: int = 256 * MiB
-    log_level: str = "info"
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(4437, "TCP port to listen on")
+    data_dir: str = setting(
+        "./tiered-data", "directory for hot segments, snapshots and the local object store", ALL
+    )
+    fsync: str = setting(
+        "always",
+        "'always': acknowledge appends after fdatasync (survives power loss); 'interval': acknowledge after "
+        "write(), fdatasync every --fsync-interval-ms (survives a crash of the process, not of the machine)",
+    )
+    fsync_interval_ms: int = setting(50, "how often 'interval' mode syncs, in ms")
+    segment_bytes: int = setting(64 * MiB, "hot segment size before it rolls and seals", OFFLINE_GC)
+    max_body_bytes: int = setting(16 * MiB, "largest request body accepted; larger gets 413")
+    max_hot_bytes: int = setting(
+        8 * 1024 * MiB, "cap on bytes held only in the hot tier; beyond it appends get 503 + Retry-After"
+    )
+    max_waiters: int = setting(10_000, "cap on concurrent long-poll/SSE readers; beyond it 503")
+    long_poll_timeout_s: float = setting(20.0, "how long a long-poll waits before 204")
+    sse_max_connection_s: float = setting(
+        60.0, "SSE connections close after this long so caches can collapse"
+    )
+    read_chunk_bytes: int = setting(
+        4 * MiB, "largest body a catch-up read returns; clients follow Stream-Next-Offset"
+    )
+    snapshot_every_bytes: int = setting(
+        256 * MiB, "journal bytes between state snapshots (bounds restart replay time)"
+    )
+    log_level: str = setting("info", "debug, info, warning or error", ALL)
     # Cold tier.
-    cold_store: str = "local"
-    s3_bucket: str = ""
-    s3_prefix: str = ""
-    s3_endpoint: str = ""
-    s3_region: str = ""
-    s3_path_style: bool = False
-    take_over_prefix: bool = False
-    flush_interval_s: float = 1.0
-    flush_bytes: int = 8 * MiB
-    cold_object_bytes: int = 16 * MiB
-    hot_retention_s: float = 60.0
-    read_cache_bytes: int = 64 * MiB
-    cold_read_timeout_s: float = 5.0
-    store_probe_interval_s: float = 5.0
+    cold_store: str = setting(
+        "local", "where sealed data goes: 'local' (a directory under the data dir) or 's3'", STORE
+    )
+    s3_bucket: str = setting(
+        "",
+        "S3 bucket for cold objects (credentials come from the standard AWS chain: env, profile, role)",
+        STORE,
+    )
+    s3_prefix: str = setting("", "key prefix for this server's cold objects inside the bucket", STORE)
+    s3_endpoint: str = setting(
+        "", "endpoint URL for S3-compatible stores (Ceph RGW, MinIO...); empty for AWS", STORE
+    )
+    s3_region: str = setting("", "S3 region (empty: from the AWS chain)", STORE)
+    s3_path_style: bool = setting(
+        False, "use path-style addressing, needed by many S3-compatible stores", STORE
+    )
+    take_over_prefix: bool = setting(
+        False,
+        "claim the object-store prefix even though another data dir holds it (only when that data dir is gone "
+        "for good: its objects become orphans here and are deleted after the grace delay)",
+    )
+    flush_interval_s: float = setting(1.0, "how often durable hot data is flushed to the cold tier")
+    flush_bytes: int = setting(8 * MiB, "flush early once this many bytes are waiting")
+    cold_object_bytes: int = setting(16 * MiB, "target size of one cold object")
+    hot_retention_s: float = setting(
+        60.0, "keep hot copies this long after they are cold (0: drop them at once)", OFFLINE_GC
+    )
+    read_cache_bytes: int = setting(64 * MiB, "memory for cached Parquet footers and row groups")
+    cold_read_timeout_s: float = setting(
+        5.0, "a cold read the object store has not answered by then gets 503 + Retry-After"
+    )
+    store_probe_interval_s: float = setting(5.0, "how often the object store is probed for /readyz")
     # GC and administration.
-    gc_interval_s: float = 60.0
-    gc_grace_s: float = 300.0
-    gc_max_objects_per_pass: int = 1000
-    reconcile_interval_s: float = 3600.0
-    admin_token_file: str = ""
+    gc_interval_s: float = setting(60.0, "how often the server runs a GC pass (expiry, retention, deletion)")
+    gc_grace_s: float = setting(
+        300.0, "how long an object nobody owns waits before it is deleted", OFFLINE_GC
+    )
+    gc_max_objects_per_pass: int = setting(
+        1000, "bound on objects deleted (and orphans handled) per GC pass", OFFLINE_GC
+    )
+    reconcile_interval_s: float = setting(
+        3600.0, "how often a GC pass also lists the object store to find orphans"
+    )
+    admin_token_file: str = setting(
+        "",
+        "file holding the admin bearer token (or set TIERED_ADMIN_TOKEN); without one, admin operations are "
+        "allowed only when listening on loopback",
+        OFFLINE_GC,
+    )
     # Subscriptions.
-    webhooks: bool = True
-    webhook_allow_loopback: bool = False
-    public_url: str = ""
+    webhooks: bool = setting(True, "deliver webhook subscriptions")
+    webhook_allow_loopback: bool = setting(
+        False,
+        "let webhooks target loopback (http://localhost, 127.x) for local development (anyone who can create "
+        "a subscription could otherwise reach this machine's local services)",
+    )
+    public_url: str = setting(
+        "", "base URL clients reach this server at, for callback and JWKS URLs (empty: from the request)"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -71,7 +131,13 @@ class Config:
             raise ConfigError("segment_bytes must be at least 1 MiB")
         if self.max_body_bytes + 4096 > self.segment_bytes:
             raise ConfigError("max_body_bytes must fit in one segment (segment_bytes)")
-        for name in ("fsync_interval_ms", "max_hot_bytes", "max_waiters", "read_chunk_bytes", "snapshot_every_bytes"):
+        for name in (
+            "fsync_interval_ms",
+            "max_hot_bytes",
+            "max_waiters",
+            "read_chunk_bytes",
+            "snapshot_every_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.long_poll_timeout_s <= 0 or self.sse_max_connection_s <= 0:
@@ -83,7 +149,9 @@ class Config:
         if self.flush_interval_s <= 0 or self.flush_bytes <= 0 or self.cold_object_bytes <= 0:
             raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
         if self.gc_interval_s <= 0 or self.gc_grace_s < 0 or self.gc_max_objects_per_pass <= 0:
-            raise ConfigError("gc_interval_s and gc_max_objects_per_pass must be positive, gc_grace_s not negative")
+            raise ConfigError(
+                "gc_interval_s and gc_max_objects_per_pass must be positive, gc_grace_s not negative"
+            )
         if self.cold_read_timeout_s <= 0 or self.store_probe_interval_s <= 0:
             raise ConfigError("cold_read_timeout_s and store_probe_interval_s must be positive")
         if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
@@ -118,7 +186,11 @@ class ConfigError(ValueError):
 
 
 def _coerce(field_type: Any, raw: Any, name: str) -> Any:
-    kind = field_type if isinstance(field_type, type) else {"int": int, "float": float, "str": str, "bool": bool}.get(str(field_type))
+    kind = (
+        field_type
+        if isinstance(field_type, type)
+        else {"int": int, "float": float, "str": str, "bool": bool}.get(str(field_type))
+    )
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -138,7 +210,9 @@ def _coerce(field_type: Any, raw: Any, name: str) -> Any:
         raise ConfigError(f"{name}: cannot use {raw!r}") from None
 
 
-def load_config(file: str | None = None, env: Mapping[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    file: str | None = None, env: Mapping[str, str] | None = None, overrides: dict[str, Any] | None = None
+) -> Config:
     """Build a ``Config`` from file, environment and explicit overrides."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}

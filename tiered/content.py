@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import msgspec
 
+from .errors import ErrorCode, TieredError
+
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 _json_decoder = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
-
-
-class InvalidJson(ValueError):
-    pass
 
 
 def media_type(content_type: str) -> str:
@@ -46,7 +44,7 @@ def _decode(body: bytes) -> object:
         return _json_decoder.decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         # Includes numbers beyond float range: no finite JSON form to store.
-        raise InvalidJson(f"invalid JSON: {exc}") from None
+        raise TieredError(ErrorCode.BAD_REQUEST, f"invalid JSON: {exc}") from None
 
 
 def encode_json_messages(body: bytes, *, allow_empty_array: bool) -> bytes:
@@ -58,7 +56,7 @@ def encode_json_messages(body: bytes, *, allow_empty_array: bool) -> bytes:
     value = _decode(body)
     messages = value if isinstance(value, list) else [value]
     if not messages and not allow_empty_array:
-        raise InvalidJson("an empty JSON array appends nothing")
+        raise TieredError(ErrorCode.BAD_REQUEST, "an empty JSON array appends nothing")
     out = bytearray()
     for message in messages:
         out += _json_encoder.encode(message)

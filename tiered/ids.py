@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import ErrorCode, TieredError
+
 _HALF = 10**16
 _OFFSET_RE = re.compile(r"[0-9]{16}_[0-9]{16}")
 
@@ -21,10 +23,6 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 # object metadata: no C0/C1 control characters, backslashes, or "." / ".." segments.
 _SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f/\\]+")
 MAX_STREAM_PATH = 1024
-
-
-class InvalidName(ValueError):
-    """A bucket or stream name that the service will not accept."""
 
 
 def format_offset(pos: int) -> str:
@@ -38,23 +36,30 @@ def parse_offset(token: str) -> int | None:
     return int(token[:16]) * _HALF + int(token[17:])
 
 
-def validate_bucket(name: str) -> str:
+def validate_bucket(name: str, *, code: ErrorCode = ErrorCode.BAD_REQUEST) -> str:
     if not _BUCKET_RE.fullmatch(name):
-        raise InvalidName(
+        raise TieredError(
+            code,
             "bucket names are 3-63 characters of lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit"
+            "starting and ending with a letter or digit",
         )
     return name
 
 
-def validate_stream_path(path: str) -> str:
+def validate_stream_path(
+    path: str, *, code: ErrorCode = ErrorCode.BAD_REQUEST, what: str = "stream path"
+) -> str:
     if not path:
-        raise InvalidName("stream path is empty")
-    if len(path.encode()) > MAX_STREAM_PATH:
-        raise InvalidName(f"stream path is longer than {MAX_STREAM_PATH} bytes")
+        raise TieredError(code, f"{what} is empty")
+    try:
+        size = len(path.encode())
+    except UnicodeEncodeError:
+        raise TieredError(code, f"{what} is not valid Unicode") from None
+    if size > MAX_STREAM_PATH:
+        raise TieredError(code, f"{what} is longer than {MAX_STREAM_PATH} bytes")
     for segment in path.split("/"):
         if segment in ("", ".", ".."):
-            raise InvalidName("stream path segments must be non-empty and not '.' or '..'")
+            raise TieredError(code, f"{what} segments must be non-empty and not '.' or '..'")
         if not _SEGMENT_RE.fullmatch(segment):
-            raise InvalidName(f"stream path segment {segment!r} contains characters that are not allowed")
+            raise TieredError(code, f"{what} segment {segment!r} contains characters that are not allowed")
     return path

@@ -14,12 +14,13 @@ import asyncio
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
-from .config import Config
-from .server import DataDirLock, DataDirLocked
-from .service import StreamService
+from tiered.config import Config
+from tiered.datadir import DataDirLock, DataDirLocked
+from tiered.node import Node
 
 
 def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:
@@ -35,20 +36,19 @@ def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:
 async def _offline_pass(config: Config, dry_run: bool, out: TextIO) -> dict[str, Any]:
     lock = DataDirLock(config.data_path)
     lock.acquire(shared=dry_run)
-    service = StreamService(config)
+    node = Node(config)
     try:
         _steps_bar(out, "recovering metadata", 0, 3)
-        await service.open_offline(dry_run=dry_run)
+        await node.open_offline(dry_run=dry_run)
         _steps_bar(out, "running the GC pass", 1, 3)
-        assert service.gc is not None
-        if not dry_run and service.flusher is not None:
+        if not dry_run:
             # Offline there is no background flusher: finish interrupted copies first.
-            await service.flusher.abort_interrupted_copies()
-        report = await service.gc.run_pass(dry_run=dry_run)
+            await node.flusher.abort_interrupted_copies()
+        report = await node.gc.run_pass(dry_run=dry_run)
         _steps_bar(out, "done", 3, 3)
         return report.to_json()
     finally:
-        await service.close_offline(dry_run=dry_run)
+        await node.stop()
         lock.release()
 
 
@@ -58,7 +58,8 @@ def _online_pass(url: str, token: str | None, dry_run: bool) -> dict[str, Any]:
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=600) as resp:
-        return json.loads(resp.read())
+        report: dict[str, Any] = json.loads(resp.read())
+        return report
 
 
 def print_report(report: dict[str, Any], out: TextIO) -> None:
@@ -87,9 +88,25 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
         out.write(f"INTEGRITY ERROR: {err}\n")
 
 
+def _check_url(url: str) -> str | None:
+    """Why ``url`` cannot be a server's base URL, or None."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"--url must be a server's base URL such as http://127.0.0.1:4437, got {url!r}"
+    return None
+
+
 def run_gc_command(config: Config, url: str | None, dry_run: bool) -> int:
+    if url:
+        problem = _check_url(url)
+        if problem:
+            print(f"tiered gc: {problem}", file=sys.stderr)
+            return 2
     if not url and not config.data_path.is_dir():
-        print(f"tiered gc: data dir {config.data_path} does not exist (or use --url for a running server)", file=sys.stderr)
+        print(
+            f"tiered gc: data dir {config.data_path} does not exist (or use --url for a running server)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if url:
@@ -100,9 +117,12 @@ def run_gc_command(config: Config, url: str | None, dry_run: bool) -> int:
         print(f"tiered gc: {exc}; use --url to ask the running server instead", file=sys.stderr)
         return 2
     except urllib.error.HTTPError as exc:
-        print(f"tiered gc: the server refused: {exc.code} {exc.read().decode(errors='replace')}", file=sys.stderr)
+        print(
+            f"tiered gc: the server refused: {exc.code} {exc.read().decode(errors='replace')}",
+            file=sys.stderr,
+        )
         return 2
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"tiered gc: {exc}", file=sys.stderr)
         return 2
     print_report(report, sys.stdout)

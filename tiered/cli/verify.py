@@ -21,16 +21,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from tiered.cold.backends import open_object_store
 from tiered.cold.parquet_chunk import iter_records, rebuild_index
 from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
+from tiered.config import Config
 from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
-
-from .config import Config
-from .journal import Journal
-from .service import new_state, open_store
-from .snapshot import SnapshotStore
-from .state import StreamState
+from tiered.journal.journal import Journal
+from tiered.journal.snapshot import SnapshotStore
+from tiered.node import new_state
+from tiered.streams.state import StreamState
 
 
 @dataclass
@@ -69,7 +69,9 @@ def verify_hot(state: StreamState, log_: SegmentLog) -> VerifyReport:
             readers = [
                 f"{s.bucket}/{s.path} [{start}, {start + length})"
                 for s in state.streams.values()
-                for start, length, sg, pos in zip(s.chunks.starts, s.chunks.lens, s.chunks.segs, s.chunks.poss, strict=True)
+                for start, length, sg, pos in zip(
+                    s.chunks.starts, s.chunks.lens, s.chunks.segs, s.chunks.poss, strict=True
+                )
                 if sg == seg and pos < d.end and d.start < pos + length
             ]
             held = "holds " + ", ".join(readers) if readers else "no stream reads it any more"
@@ -113,7 +115,9 @@ async def verify_cold(state: StreamState, store: ObjectStore, out: TextIO | None
         try:
             rows: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
             for rec in iter_records(data):
-                rows.setdefault((rec.bucket, rec.stream), []).append((rec.start_offset, rec.end_offset, len(rec.payload)))
+                rows.setdefault((rec.bucket, rec.stream), []).append(
+                    (rec.start_offset, rec.end_offset, len(rec.payload))
+                )
             if rebuild_index(data) != obj.index:
                 report.errors.append(f"{key}: index rebuilt from the object differs from the recorded index")
         except Exception as exc:  # checksum failure, truncated or foreign file
@@ -157,7 +161,9 @@ class _Progress:
         if self.out is not None and self.total:
             width = 30
             filled = width * self.n // self.total
-            self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total} {label[-40:]:40}")
+            self.out.write(
+                f"\r[{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total} {label[-40:]:40}"
+            )
             self.out.flush()
 
     def done(self) -> None:
@@ -174,7 +180,17 @@ async def run_verify(config: Config) -> int:
         hot = await asyncio.to_thread(verify_hot, state, log_)
     finally:
         log_.close()
-    store = await open_store(config, read_only=True)
+    c = config
+    store = await open_object_store(
+        c.cold_store,
+        local_root=c.data_path / "cold",
+        s3_bucket=c.s3_bucket,
+        s3_prefix=c.s3_prefix,
+        s3_endpoint=c.s3_endpoint,
+        s3_region=c.s3_region,
+        s3_path_style=c.s3_path_style,
+        read_only=True,
+    )
     try:
         report = await verify_cold(state, store, sys.stderr)
     finally:

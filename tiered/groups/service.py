@@ -1,102 +1,188 @@
-"""The imperative shell of consumer groups: journal, long-poll waiters, sweeper.
+"""The consumer-groups shell: decide (``GroupsState``) -> commit -> durable -> view, plus long-poll and the sweeper.
 
-Like ``StreamService``: decide (pure, ``tiered.groups``) -> journal + apply
-(``StreamService.commit_records``, with no ``await`` in between, so the event
-loop makes it atomic) -> wait for durability -> respond. Views are built
-*before* waiting for the journal to flush, so a response never shows a
-cursor or plan that a crash could take back.
+Like the streams shell: decisions are committed with no ``await`` between
+deciding and committing, so the event loop makes them atomic. Views are built
+*before* waiting for durability, so a response never shows a cursor or plan a
+crash could take back (the wait comes after, before answering).
 
-A sweeper journals what nobody asked for: member expiry, and plans that follow
-streams appearing or disappearing (``GroupsState.decide_sweep``).
+The sweeper (``sweep_forever``, started by the node) journals what nobody
+asked for: member expiry, and plans that follow streams appearing or
+disappearing (``GroupsState.decide_sweep``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from .groups import GroupError, GroupsState
-from .journal import JournalFailed
-from .service import StreamService, now_ms
-from .state import StreamError
+from tiered.clock import Clock
+from tiered.errors import ErrorCode, TieredError
+from tiered.journal.committer import Committer
+from tiered.streams.state import StreamState
+from tiered.streams.visibility import Visibility
+
+from . import views
+from .state import CommitRequest, GroupSpec, GroupsState, Rejected, ReleaseRequest
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 0.5
 MAX_WAIT_MS = 10_000
+_UNAVAILABLE = (ErrorCode.JOURNAL_FAILED, ErrorCode.STORE_UNAVAILABLE)
 
 
-class GroupCoordinator:
-    def __init__(self, service: StreamService, sweep_interval_s: float = SWEEP_INTERVAL_S) -> None:
-        self.service = service
+def rejected_json(items: list[Rejected]) -> list[dict[str, str]]:
+    return [{"stream": r.stream, "code": r.code, "message": r.message} for r in items]
+
+
+class GroupService:
+    def __init__(
+        self,
+        state: StreamState,
+        groups: GroupsState,
+        committer: Committer,
+        visibility: Visibility,
+        clock: Clock,
+        *,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
+    ) -> None:
+        self.state = state
+        self.groups = groups
+        self.committer = committer
+        self.visibility = visibility
+        self.clock = clock
         self.sweep_interval_s = sweep_interval_s
+        self.closing = False
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    @property
-    def core(self) -> GroupsState:
-        ext = self.service.state.extensions["groups"]
-        assert isinstance(ext, GroupsState)
-        return ext
+    # ------------------------------------------------------------- plumbing
 
-    # ------------------------------------------------------------- lifecycle
-
-    def start(self) -> None:
-        self.core.grant_grace(now_ms())
-        if self._task is None:
-            self._task = asyncio.create_task(self._sweep_loop(), name="group-sweeper")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
-        for name in list(self._waiters):
-            self._notify(name)
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_interval_s)
-            try:
-                await self.sweep()
-            except StreamError as exc:
-                log.warning("group sweep not journaled: %s", exc.message)
-            except Exception:
-                log.exception("group sweep failed")
-
-    async def sweep(self) -> int:
-        """Journal expirations and stream-set changes; returns how many plans."""
-        if self.service.journal.failed is not None:
-            return 0
-        records = self.core.decide_sweep(self.service.state, now_ms())
-        await self.commit(records)
-        return len(records)
-
-    # ------------------------------------------------------------- writes
-
-    async def commit(self, records: Sequence[Any]) -> None:
-        """Journal and apply decided records (call with no await since deciding)."""
+    async def _commit(self, records: Sequence[Any]) -> None:
         if not records:
             return
         try:
-            await self.service.commit_records(list(records))
-        except StreamError as exc:
-            raise GroupError(exc.status, "UNAVAILABLE", exc.message) from None
+            await self.committer.commit(list(records))
+        except TieredError as exc:
+            if exc.code in _UNAVAILABLE:
+                raise TieredError(ErrorCode.UNAVAILABLE, exc.message) from None
+            raise
         for name in {r.name for r in records}:
             self._notify(name)
 
-    async def settled(self) -> None:
-        """Wait until everything applied so far is durable."""
+    async def _settled(self) -> None:
         try:
-            await self.service.journal.flushed()
-        except JournalFailed as exc:
-            raise GroupError(503, "UNAVAILABLE", f"write not durable: {exc}") from None
+            await self.committer.settled()
+        except TieredError as exc:
+            raise TieredError(ErrorCode.UNAVAILABLE, exc.message) from None
+
+    def _view(self, name: str) -> dict[str, Any]:
+        return views.group_view(
+            self.groups, name, self.state, self.clock.now_ms(), lambda s: self.visibility.view(s).tail
+        )
+
+    # ------------------------------------------------------------- groups
+
+    async def list_groups(self) -> list[dict[str, Any]]:
+        summary = views.summary(self.groups)
+        await self._settled()
+        return summary
+
+    async def create(self, name: str, spec: GroupSpec) -> tuple[bool, dict[str, Any]]:
+        records = self.groups.decide_create(name, spec, self.state, self.clock.now_ms())
+        await self._commit(records)
+        view = self._view(name)
+        await self._settled()  # an identical create may still be on its way to disk
+        return bool(records), view
+
+    async def describe(self, name: str) -> dict[str, Any]:
+        view = self._view(name)
+        await self._settled()
+        return view
+
+    async def delete(self, name: str, incarnation: int | None, revision: int | None) -> None:
+        records = self.groups.decide_delete(
+            name, self.clock.now_ms(), incarnation=incarnation, expected_revision=revision
+        )
+        await self._commit(records)
+        await self._settled()
+
+    async def link(
+        self,
+        name: str,
+        paths: list[str],
+        *,
+        unlink: bool,
+        incarnation: int | None,
+        revision: int | None,
+        op_id: str | None,
+    ) -> dict[str, Any]:
+        records = self.groups.decide_link(
+            name,
+            paths,
+            self.state,
+            self.clock.now_ms(),
+            unlink=unlink,
+            incarnation=incarnation,
+            expected_revision=revision,
+            op_id=op_id,
+        )
+        await self._commit(records)
+        view = self._view(name)
+        await self._settled()
+        return view
+
+    # ------------------------------------------------------------- members
+
+    async def join(self, name: str, member: str, join_id: str) -> dict[str, Any]:
+        records = self.groups.decide_join(name, member, join_id, self.state, self.clock.now_ms())
+        await self._commit(records)
+        view = views.member_view(self.groups, name, member)
+        await self._settled()
+        return view
+
+    async def heartbeat(
+        self,
+        name: str,
+        member: str,
+        incarnation: int,
+        generation: int,
+        commits: list[CommitRequest],
+        releases: list[ReleaseRequest],
+        revision: int | None,
+        wait_ms: int,
+        op_id: str | None,
+    ) -> dict[str, Any]:
+        """Commit, release, stay alive; with ``revision`` and ``wait_ms``, park while the plan is unchanged."""
+        groups = self.groups
+        now = self.clock.now_ms()
+        records, rejected = groups.decide_heartbeat(
+            name, incarnation, member, generation, commits, releases, self.state, now, op=op_id
+        )
+        groups.touch(name, incarnation, member, generation, now)
+        await self._commit(records)
+        if wait_ms and revision is not None and not rejected:
+            g = groups.get(name)
+            wait = min(wait_ms, MAX_WAIT_MS, g.spec.session_timeout_ms // 2)
+            await self.wait_for_change(name, incarnation, revision, wait / 1000)
+            g = groups.check_group(name, incarnation)  # the wait may have seen it fenced or deleted
+            groups.check_member(g, member, generation)
+            groups.touch(name, incarnation, member, generation, self.clock.now_ms())
+        view = views.member_view(groups, name, member)
+        view["rejected"] = rejected_json(rejected)
+        await self._settled()
+        return view
+
+    async def leave(
+        self, name: str, member: str, incarnation: int, generation: int, commits: list[CommitRequest]
+    ) -> dict[str, Any]:
+        records, rejected, was_member = self.groups.decide_leave(
+            name, incarnation, member, generation, commits, self.state, self.clock.now_ms()
+        )
+        await self._commit(records)
+        await self._settled()
+        return {"group": name, "member": member, "left": was_member, "rejected": rejected_json(rejected)}
 
     # ------------------------------------------------------------- long-poll
 
@@ -105,15 +191,19 @@ class GroupCoordinator:
             if not fut.done():
                 fut.set_result(None)
 
+    def notify_all(self) -> None:
+        for name in list(self._waiters):
+            self._notify(name)
+
     async def wait_for_change(self, name: str, incarnation: int, revision: int, timeout_s: float) -> None:
         """Park until the group's plan moves past ``revision`` (or it goes), or the timeout."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.monotonic() + timeout_s
         loop = asyncio.get_running_loop()
-        while not self.service.closing:
-            g = self.core.groups.get(name)
+        while not self.closing:
+            g = self.groups.groups.get(name)
             if g is None or g.incarnation != incarnation or g.revision != revision:
                 return
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return
             fut: asyncio.Future[None] = loop.create_future()
@@ -130,3 +220,27 @@ class GroupCoordinator:
                     futs.remove(fut)
                     if not futs:
                         del self._waiters[name]
+
+    # ------------------------------------------------------------- sweeper
+
+    def grant_grace(self) -> None:
+        """After a restart every member gets a full session timeout to come back."""
+        self.groups.grant_grace(self.clock.now_ms())
+
+    async def sweep(self) -> int:
+        """Journal expirations and stream-set changes; returns how many plans."""
+        if self.committer.journal.failed is not None:
+            return 0
+        records = self.groups.decide_sweep(self.state, self.clock.now_ms())
+        await self._commit(records)
+        return len(records)
+
+    async def sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self.sweep()
+            except TieredError as exc:
+                log.warning("group sweep not journaled: %s", exc.message)
+            except Exception:
+                log.exception("group sweep failed")

@@ -19,8 +19,9 @@ import msgspec
 from tiered.cold.chunk_index import ChunkIndex
 from tiered.hot.log import LogPosition
 from tiered.hot.segment import crc32c, fsync_dir
-
-from .state import ColdObject, ColdRef, HotChunks, ProducerState, Stream, StreamState
+from tiered.streams.model import ColdObject, ColdRef, HotChunks, ProducerState, Stream
+from tiered.streams.release import hot_contribution
+from tiered.streams.state import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,10 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         next_uid=state.next_uid,
         buckets=dict(state.buckets),
         streams=[_stream_snap(s) for s in state.streams.values()],
-        cold_objects=[ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index, o.released_ms, o.deleting) for o in state.cold_objects.values()],
+        cold_objects=[
+            ColdObjectSnap(o.key, o.size, o.crc32c, o.created_ms, o.index, o.released_ms, o.deleting)
+            for o in state.cold_objects.values()
+        ],
         copies_in_flight=dict(state.copies_in_flight),
         paths=[(b, p, uid) for (b, p), uid in state.paths.items()],
         extensions={name: ext.snapshot() for name, ext in state.extensions.items()},
@@ -170,7 +174,9 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
 
 
-def decode_snapshot(data: bytes, new_state: Callable[[], StreamState] = StreamState) -> tuple[StreamState, LogPosition]:
+def decode_snapshot(
+    data: bytes, new_state: Callable[[], StreamState] = StreamState
+) -> tuple[StreamState, LogPosition]:
     magic, version, crc = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
     if magic != _MAGIC or version != SNAPSHOT_VERSION:
@@ -187,7 +193,7 @@ def decode_snapshot(data: bytes, new_state: Callable[[], StreamState] = StreamSt
     for n in snap.streams:
         s = _stream_from_snap(n)
         state.streams[s.uid] = s
-        state.hot_bytes += StreamState._hot_contribution(s)
+        state.hot_bytes += hot_contribution(s)
         if s.fork_source is not None:
             state.children.setdefault(s.fork_source, set()).add(s.uid)
     for o in snap.cold_objects:
@@ -218,9 +224,13 @@ class SnapshotStore:
     def _files(self) -> list[Path]:
         if not self.directory.exists():
             return []
-        return sorted(p for p in self.directory.iterdir() if p.name.startswith("snapshot-") and p.suffix == ".bin")
+        return sorted(
+            p for p in self.directory.iterdir() if p.name.startswith("snapshot-") and p.suffix == ".bin"
+        )
 
-    def load_latest(self, new_state: Callable[[], StreamState] = StreamState) -> tuple[StreamState, LogPosition] | None:
+    def load_latest(
+        self, new_state: Callable[[], StreamState] = StreamState
+    ) -> tuple[StreamState, LogPosition] | None:
         """The newest snapshot that verifies; an older one is the fallback.
 
         Segments are only deleted behind the oldest kept snapshot, so falling
@@ -267,4 +277,3 @@ class SnapshotStore:
         for old in self._files()[: -self.keep]:
             old.unlink(missing_ok=True)
         return final
-

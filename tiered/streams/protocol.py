@@ -1,7 +1,8 @@
 """Durable Streams header parsing and the small protocol rules around it.
 
-Everything here is pure: it turns header strings into values or raises
-``BadRequest`` with a message a client developer can act on.
+Everything here is pure: it turns header strings into values or raises a
+``BAD_REQUEST`` ``TieredError`` with a message a client developer can act on.
+Integers go through ``tiered.parsing.parse_uint`` (ASCII digits only).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import random
 import re
 from datetime import UTC, datetime, timedelta
 
-MAX_SAFE_INTEGER = 2**53 - 1
-_UINT_RE = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: no other scripts' digits
+from tiered.errors import ErrorCode, TieredError
+from tiered.parsing import UINT_RE
 
 # Cursor intervals (protocol section 10.1): 20 s buckets since 2024-10-09.
 CURSOR_EPOCH_S = 1728432000
@@ -19,20 +20,6 @@ CURSOR_INTERVAL_S = 20
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class BadRequest(ValueError):
-    pass
-
-
-def parse_uint(value: str, name: str, *, maximum: int = MAX_SAFE_INTEGER) -> int:
-    """A non-negative decimal integer without sign, leading zeros or exponent."""
-    if not _UINT_RE.fullmatch(value):
-        raise BadRequest(f"{name} must be a non-negative decimal integer, got {value!r}")
-    n = int(value)
-    if n > maximum:
-        raise BadRequest(f"{name} must be at most {maximum}")
-    return n
 
 
 def parse_closed(value: str | None) -> bool:
@@ -43,12 +30,18 @@ def parse_closed(value: str | None) -> bool:
 def parse_expires_at(value: str) -> int:
     """An RFC 3339 timestamp with a time zone, as epoch milliseconds."""
     text = value.strip()
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", text, re.ASCII):
-        raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value!r}")
+    if not re.fullmatch(
+        r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", text, re.ASCII
+    ):
+        raise TieredError(
+            ErrorCode.BAD_REQUEST, f"Stream-Expires-At must be an RFC 3339 timestamp, got {value!r}"
+        )
     try:
         dt = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
     except ValueError:
-        raise BadRequest(f"Stream-Expires-At is not a valid timestamp: {value!r}") from None
+        raise TieredError(
+            ErrorCode.BAD_REQUEST, f"Stream-Expires-At is not a valid timestamp: {value!r}"
+        ) from None
     # Integer arithmetic: float timestamps are off by a millisecond now and then.
     return (dt - _EPOCH) // timedelta(milliseconds=1)
 
@@ -56,7 +49,7 @@ def parse_expires_at(value: str) -> int:
 def next_cursor(now_s: float, client_cursor: str | None, rng: random.Random | None = None) -> str:
     """The cursor for a live response: never at or below what the client sent."""
     current = int((now_s - CURSOR_EPOCH_S) // CURSOR_INTERVAL_S)
-    if client_cursor is not None and _UINT_RE.fullmatch(client_cursor) and len(client_cursor) < 20:
+    if client_cursor is not None and UINT_RE.fullmatch(client_cursor) and len(client_cursor) < 20:
         theirs = int(client_cursor)
         if theirs >= current:
             jitter_s = (rng or random).randint(1, 3600)

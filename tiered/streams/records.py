@@ -1,8 +1,9 @@
-"""Journal records: the events the state machine applies, as stored on disk.
+"""Journal records of streams, buckets, the cold tier and GC: the events ``StreamState`` applies.
 
 The metadata journal is the system's source of truth. Every change to stream
 state is one of these records, msgpack-encoded with a versioned tag
-(``name.vN``) so old journals stay readable when a record gains a version.
+(``name.vN``) so old journals stay readable when a record gains a version
+(``tiered.journal.codec`` puts every feature's records in one union).
 Records that carry stream bytes put them in the last field: msgpack stores a
 ``bin`` value raw at the end of the body, so the payload's position on disk is
 ``body_end - len(data)`` and reads can ``pread`` it without decoding.
@@ -13,9 +14,6 @@ from __future__ import annotations
 import msgspec
 
 from tiered.cold.chunk_index import ChunkIndex
-
-from .group_records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
-from .subscription_records import SubscriptionRecord
 
 
 class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
@@ -152,7 +150,7 @@ class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
     orphan: bool
 
 
-Record = (
+StreamRecord = (
     BucketCreated
     | StreamCreated
     | Appended
@@ -168,20 +166,4 @@ Record = (
     | RetentionAdvanced
     | ColdDeleteStarted
     | ColdDeleteFinished
-    | GroupCreated
-    | GroupPlanned
-    | GroupCommitted
-    | GroupDeleted
-    | SubscriptionRecord  # tiered.subscriptions' records (sub.*.vN)
 )
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Record)
-
-
-def encode_record(record: Record) -> bytes:
-    return _encoder.encode(record)
-
-
-def decode_record(body: bytes) -> Record:
-    return _decoder.decode(body)

@@ -5,24 +5,28 @@ only see data that is durable: otherwise a crash could take back bytes that a
 reader already handed on. ``Visibility`` remembers, per stream with records in
 flight, the tail and closed flag as of its last durable record; ``Waiters``
 parks long-poll and SSE readers until that visible view moves.
+``VisibilityObserver`` keeps both in step with every commit (see
+``tiered.journal.committer``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .state import Stream
+from tiered.errors import ErrorCode, TieredError
+
+from .model import Stream
+from .records import Appended, BucketErased, StreamCreated, StreamDeleted, StreamExpired
+from .state import StreamState
 
 
 @dataclass(slots=True)
 class VisibleView:
     tail: int
     closed: bool
-
-
-class TooManyWaiters(Exception):
-    pass
 
 
 class Visibility:
@@ -65,7 +69,9 @@ class Waiters:
     async def wait(self, uid: int, timeout: float) -> bool:
         """Wait for a change on ``uid``; False on timeout."""
         if self.count >= self.limit:
-            raise TooManyWaiters()
+            raise TieredError(
+                ErrorCode.TOO_MANY_READERS, "too many live readers; retry shortly", retry_after_s=1
+            )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._by_uid.setdefault(uid, []).append(fut)
         self.count += 1
@@ -96,3 +102,47 @@ class Waiters:
     def notify_all(self) -> None:
         for uid in list(self._by_uid):
             self.notify(uid)
+
+
+class VisibilityObserver:
+    """Holds back what readers see until a record is durable; wakes readers when it is."""
+
+    def __init__(self, state: StreamState, visibility: Visibility, waiters: Waiters) -> None:
+        self.state = state
+        self.visibility = visibility
+        self.waiters = waiters
+
+    def before_apply(self, record: Any) -> object:
+        if isinstance(record, Appended):
+            s = self.state.streams.get(record.uid)
+            return self.visibility.view(s) if s is not None else None
+        return None
+
+    def after_apply(self, record: Any, token: object) -> Sequence[Any]:
+        if isinstance(record, Appended):
+            s = self.state.streams[record.uid]
+            assert isinstance(token, VisibleView)
+            self.visibility.hold(s, token.tail, token.closed)
+        elif isinstance(record, StreamCreated):
+            self.visibility.hold(self.state.streams[record.uid], record.fork_offset, False)
+        elif isinstance(record, (StreamDeleted, StreamExpired)):
+            self.visibility.forget(record.uid)
+            self.waiters.notify(record.uid)
+        elif isinstance(record, BucketErased):
+            self.waiters.notify_all()  # its streams' live readers get their 404 now
+        return ()
+
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        if isinstance(record, Appended):
+            end, uid, close = record.offset + len(record.data), record.uid, record.close
+        elif isinstance(record, StreamCreated):
+            end, uid, close = record.fork_offset + len(record.data), record.uid, record.closed
+        else:
+            return None
+
+        def release() -> None:
+            s = self.state.streams.get(uid)
+            if s is not None and self.visibility.release(s, end, close):
+                self.waiters.notify(uid)
+
+        return release

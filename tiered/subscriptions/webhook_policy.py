@@ -101,7 +101,9 @@ def check_webhook_url(raw: str, *, allow_loopback: bool) -> str:
     ip = literal_ip(name.strip("[]"))
     loopback = name == "localhost" or (ip is not None and _is_loopback(ip))
     if scheme == "http" and not loopback:
-        raise WebhookUrlRejected("webhook.url must be an https URL (plain http only to loopback, for development)")
+        raise WebhookUrlRejected(
+            "webhook.url must be an https URL (plain http only to loopback, for development)"
+        )
     if loopback:
         if not allow_loopback:
             raise WebhookUrlRejected(
@@ -111,7 +113,9 @@ def check_webhook_url(raw: str, *, allow_loopback: bool) -> str:
         return raw
     if ip is not None:
         if not address_allowed(ip, allow_loopback=False):
-            raise WebhookUrlRejected("webhook.url must not target private, loopback, link-local or reserved addresses")
+            raise WebhookUrlRejected(
+                "webhook.url must not target private, loopback, link-local or reserved addresses"
+            )
         return raw
     if "." not in name or name.endswith(_LOCAL_SUFFIXES):
         raise WebhookUrlRejected("webhook.url must not target local network names")

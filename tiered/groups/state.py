@@ -33,7 +33,7 @@ fewest moves any balanced assignment can have.
 
 Nothing here touches a clock, disk or socket: decide methods get the
 ``StreamState`` (which streams exist, their tails) and ``now_ms``; they return
-records (or raise ``GroupError`` having changed nothing), and ``apply`` moves
+records (or raise ``TieredError`` having changed nothing), and ``apply`` moves
 the state. Member liveness (``last_seen_ms``) is soft state, like a stream's
 sliding TTL: kept in memory and snapshots, refreshed by heartbeats, and
 granted a grace period after a restart (``grant_grace``).
@@ -42,14 +42,17 @@ granted a grace period after a restart (``grant_grace``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-import msgspec
+from tiered.errors import ErrorCode, TieredError, bad_request
+from tiered.globs import glob_match, validate_glob
+from tiered.ids import DEFAULT_BUCKET, validate_bucket, validate_stream_path
+from tiered.streams.model import Stream
+from tiered.streams.state import StreamState
 
-from .globs import glob_match
-from .group_records import (
+from .records import (
     GROUP_RECORD_TYPES,
     GroupCommitted,
     GroupCreated,
@@ -58,8 +61,7 @@ from .group_records import (
     PlanMember,
     PlanTarget,
 )
-from .ids import DEFAULT_BUCKET, InvalidName, format_offset, validate_bucket, validate_stream_path
-from .state import Stream, StreamState
+from .snapshot import decode_groups, encode_groups
 
 MAX_MEMBERS_LIMIT = 256
 MAX_STREAMS_LIMIT = 4096
@@ -76,30 +78,14 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ID_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
 
 
-class GroupError(Exception):
-    """A refused group request; nothing changed. ``code`` is the API error code."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, **self.extra}}
-
-
-def bad_request(message: str) -> GroupError:
-    return GroupError(400, "BAD_REQUEST", message)
-
-
 # --------------------------------------------------------------------------- names and globs
 
 
 def validate_group_name(name: str) -> str:
     if not _NAME_RE.fullmatch(name):
-        raise bad_request("group names are 1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit")
+        raise bad_request(
+            "group names are 1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -110,18 +96,8 @@ def validate_id(value: str, what: str) -> str:
 
 
 def validate_pattern(pattern: str) -> str:
-    if not pattern or len(pattern.encode()) > 1024:
-        raise bad_request("pattern must be 1-1024 bytes")
-    for seg in pattern.split("/"):
-        if seg == "**":
-            continue
-        if "**" in seg:
-            raise bad_request("'**' must be a whole pattern segment")
-        try:
-            validate_stream_path(seg.replace("*", "x"))
-        except InvalidName as exc:
-            raise bad_request(f"invalid pattern: {exc}") from None
-    return pattern
+    """The one glob rule (``tiered.globs``), shared with subscriptions."""
+    return validate_glob(pattern)
 
 
 # --------------------------------------------------------------------------- state
@@ -139,22 +115,22 @@ class GroupSpec:
     max_streams: int = DEFAULT_MAX_STREAMS
 
     def validated(self) -> GroupSpec:
-        try:
-            validate_bucket(self.bucket)
-        except InvalidName as exc:
-            raise bad_request(str(exc)) from None
+        validate_bucket(self.bucket)
         if self.pattern is None and not self.streams:
             raise bad_request("a group needs a pattern, streams, or both")
-        if self.pattern is not None:
-            validate_pattern(self.pattern)
+        pattern = validate_pattern(self.pattern) if self.pattern is not None else None
         streams = normalize_paths(self.streams)
         if not MIN_SESSION_TIMEOUT_MS <= self.session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
-            raise bad_request(f"session_timeout_ms must be between {MIN_SESSION_TIMEOUT_MS} and {MAX_SESSION_TIMEOUT_MS}")
+            raise bad_request(
+                f"session_timeout_ms must be between {MIN_SESSION_TIMEOUT_MS} and {MAX_SESSION_TIMEOUT_MS}"
+            )
         if not 1 <= self.max_members <= MAX_MEMBERS_LIMIT:
             raise bad_request(f"max_members must be between 1 and {MAX_MEMBERS_LIMIT}")
         if not 1 <= self.max_streams <= MAX_STREAMS_LIMIT:
             raise bad_request(f"max_streams must be between 1 and {MAX_STREAMS_LIMIT}")
-        return GroupSpec(self.bucket, self.pattern, streams, self.session_timeout_ms, self.max_members, self.max_streams)
+        return GroupSpec(
+            self.bucket, pattern, streams, self.session_timeout_ms, self.max_members, self.max_streams
+        )
 
 
 def normalize_paths(paths: Iterable[str]) -> tuple[str, ...]:
@@ -162,8 +138,8 @@ def normalize_paths(paths: Iterable[str]) -> tuple[str, ...]:
     for p in paths:
         try:
             out.add(validate_stream_path(p))
-        except InvalidName as exc:
-            raise bad_request(f"invalid stream path {p!r}: {exc}") from None
+        except TieredError as exc:
+            raise bad_request(f"invalid stream path {p!r}: {exc.message}") from None
     return tuple(sorted(out))
 
 
@@ -174,6 +150,9 @@ class Member:
     generation: int
     joined_ms: int
     last_seen_ms: int  # soft: refreshed in memory by heartbeats
+
+    # Not journal state: liveness is kept in memory (and granted anew after a restart).
+    SOFT_STATE: ClassVar[tuple[str, ...]] = ("last_seen_ms",)
 
 
 @dataclass(slots=True)
@@ -187,7 +166,15 @@ class Target:
     fence: int
 
     def plan(self) -> PlanTarget:
-        return PlanTarget(self.stream_uid, self.path, self.linked, self.owner, self.holder, self.holder_generation, self.fence)
+        return PlanTarget(
+            self.stream_uid,
+            self.path,
+            self.linked,
+            self.owner,
+            self.holder,
+            self.holder_generation,
+            self.fence,
+        )
 
     @classmethod
     def of(cls, t: PlanTarget) -> Target:
@@ -210,7 +197,10 @@ class Group:
     generation_seq: int = 0
 
     def plan_members(self) -> tuple[PlanMember, ...]:
-        return tuple(PlanMember(m.member, m.join_id, m.generation, m.joined_ms) for _, m in sorted(self.members.items()))
+        return tuple(
+            PlanMember(m.member, m.join_id, m.generation, m.joined_ms)
+            for _, m in sorted(self.members.items())
+        )
 
     def plan_targets(self) -> tuple[PlanTarget, ...]:
         return tuple(t.plan() for _, t in sorted(self.targets.items()))
@@ -298,44 +288,6 @@ def assign(
     return result
 
 
-# --------------------------------------------------------------------------- snapshots
-
-
-class _MemberSnap(msgspec.Struct, array_like=True):
-    member: str
-    join_id: str
-    generation: int
-    joined_ms: int
-    last_seen_ms: int
-
-
-class _GroupSnap(msgspec.Struct, array_like=True):
-    name: str
-    incarnation: int
-    bucket: str
-    pattern: str | None
-    spec_streams: tuple[str, ...]
-    session_timeout_ms: int
-    max_members: int
-    max_streams: int
-    created_ms: int
-    revision: int
-    explicit: tuple[str, ...]
-    members: list[_MemberSnap]
-    targets: list[PlanTarget]
-    cursors: list[tuple[int, int]]
-    retired_joins: list[str]
-    recent_ops: list[tuple[str, int]]
-    generation_seq: int
-
-
-class _GroupsSnap(msgspec.Struct, array_like=True):
-    version: int
-    next_incarnation: int
-    retired: dict[str, int]
-    groups: list[_GroupSnap]
-
-
 # --------------------------------------------------------------------------- the core
 
 
@@ -355,15 +307,17 @@ class GroupsState:
     def get(self, name: str) -> Group:
         g = self.groups.get(name)
         if g is None:
-            raise GroupError(404, "GROUP_NOT_FOUND", f"group {name!r} does not exist")
+            raise TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist")
         return g
 
     def check_group(self, name: str, incarnation: int | None) -> Group:
         g = self.get(name)
         if incarnation is not None and incarnation != g.incarnation:
-            raise GroupError(
-                409, "FENCED", f"incarnation {incarnation} of group {name!r} was retired",
-                reason="incarnation", incarnation=g.incarnation,
+            raise TieredError(
+                ErrorCode.FENCED,
+                f"incarnation {incarnation} of group {name!r} was retired",
+                reason="incarnation",
+                incarnation=g.incarnation,
             )
         return g
 
@@ -371,22 +325,32 @@ class GroupsState:
     def check_member(g: Group, member: str, generation: int) -> Member:
         m = g.members.get(member)
         if m is None:
-            raise GroupError(409, "NOT_MEMBER", f"{member!r} is not a member of group {g.name!r}; join again")
+            raise TieredError(
+                ErrorCode.NOT_MEMBER, f"{member!r} is not a member of group {g.name!r}; join again"
+            )
         if m.generation != generation:
-            raise GroupError(
-                409, "FENCED", f"generation {generation} of {member!r} was superseded by a newer join",
-                reason="generation", generation=m.generation,
+            raise TieredError(
+                ErrorCode.FENCED,
+                f"generation {generation} of {member!r} was superseded by a newer join",
+                reason="generation",
+                generation=m.generation,
             )
         return m
 
-    def select(self, g: Group, streams: StreamState, now_ms: int, explicit: tuple[str, ...] | None = None) -> tuple[list[tuple[int, str]], int]:
+    def select(
+        self, g: Group, streams: StreamState, now_ms: int, explicit: tuple[str, ...] | None = None
+    ) -> tuple[list[tuple[int, str]], int]:
         """(selected (uid, path) sorted by uid and capped at max_streams, uncapped count)."""
         explicit = g.explicit if explicit is None else explicit
         bucket, pattern = g.spec.bucket, g.spec.pattern
         found: dict[int, str] = {}
         if pattern is not None:
             for (b, path), uid in streams.paths.items():
-                if b == bucket and glob_match(pattern, path) and live_stream(streams, uid, now_ms) is not None:
+                if (
+                    b == bucket
+                    and glob_match(pattern, path)
+                    and live_stream(streams, uid, now_ms) is not None
+                ):
                     found[uid] = path
         for path in explicit:
             found_uid = streams.paths.get((bucket, path))
@@ -450,7 +414,11 @@ class GroupsState:
             t.linked = True
             new_targets[uid] = t
         for uid, t in targets.items():
-            if uid not in selected_uids and t.holder is not None and live_stream(streams, uid, now_ms) is not None:
+            if (
+                uid not in selected_uids
+                and t.holder is not None
+                and live_stream(streams, uid, now_ms) is not None
+            ):
                 t.linked, t.owner = False, None  # still draining: the holder must release it
                 new_targets[uid] = t
         linked = sorted(selected_uids)
@@ -496,7 +464,9 @@ class GroupsState:
 
     # ------------------------------------------------------------- decide
 
-    def decide_create(self, name: str, spec: GroupSpec, streams: StreamState, now_ms: int) -> list[GroupCreated]:
+    def decide_create(
+        self, name: str, spec: GroupSpec, streams: StreamState, now_ms: int
+    ) -> list[GroupCreated]:
         """``[GroupCreated]``, or ``[]`` when an identical group exists (idempotent)."""
         validate_group_name(name)
         spec = spec.validated()
@@ -504,14 +474,15 @@ class GroupsState:
         if existing is not None:
             if existing.spec == spec:
                 return []
-            raise GroupError(409, "GROUP_EXISTS", f"group {name!r} exists with a different configuration")
+            raise TieredError(ErrorCode.GROUP_EXISTS, f"group {name!r} exists with a different configuration")
         if spec.bucket not in streams.buckets:
-            raise GroupError(404, "BUCKET_NOT_FOUND", f"bucket {spec.bucket!r} does not exist")
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {spec.bucket!r} does not exist")
         probe = Group(name, self.next_incarnation, spec, now_ms, explicit=spec.streams)
         _, count = self.select(probe, streams, now_ms)
         if len(spec.streams) > spec.max_streams or count > spec.max_streams:
-            raise GroupError(
-                413, "TOO_MANY_STREAMS", f"the group would select {max(count, len(spec.streams))} streams; the limit is {spec.max_streams}",
+            raise TieredError(
+                ErrorCode.TOO_MANY_STREAMS,
+                f"the group would select {max(count, len(spec.streams))} streams; the limit is {spec.max_streams}",
                 limit=spec.max_streams,
             )
         return [
@@ -528,28 +499,41 @@ class GroupsState:
             )
         ]
 
-    def decide_join(self, name: str, member: str, join_id: str, streams: StreamState, now_ms: int) -> list[GroupPlanned]:
+    def decide_join(
+        self, name: str, member: str, join_id: str, streams: StreamState, now_ms: int
+    ) -> list[GroupPlanned]:
         """Admit a processing instance. A retry with the same ``join_id`` changes nothing."""
         g = self.get(name)
         validate_id(member, "member")
         validate_id(join_id, "join_id")
         if join_id in g.retired_joins:
-            raise GroupError(409, "FENCED", f"join {join_id!r} was superseded or ended; join with a new join_id", reason="join")
+            raise TieredError(
+                ErrorCode.FENCED,
+                f"join {join_id!r} was superseded or ended; join with a new join_id",
+                reason="join",
+            )
         m = g.members.get(member)
         if m is None:
             alive = sum(
                 1 for mid, x in g.members.items() if x.last_seen_ms + g.spec.session_timeout_ms > now_ms
             )
             if alive >= g.spec.max_members:
-                raise GroupError(
-                    409, "TOO_MANY_MEMBERS", f"group {name!r} already has {alive} members; the limit is {g.spec.max_members}",
+                raise TieredError(
+                    ErrorCode.TOO_MANY_MEMBERS,
+                    f"group {name!r} already has {alive} members; the limit is {g.spec.max_members}",
                     limit=g.spec.max_members,
                 )
         plan = self._plan(g, streams, now_ms, op=f"join:{join_id}", exempt=member, join=(member, join_id))
         return [plan] if plan is not None else []
 
     def _commits(
-        self, g: Group, member: str, generation: int, commits: Iterable[CommitRequest], streams: StreamState, now_ms: int
+        self,
+        g: Group,
+        member: str,
+        generation: int,
+        commits: Iterable[CommitRequest],
+        streams: StreamState,
+        now_ms: int,
     ) -> tuple[GroupCommitted | None, list[Rejected]]:
         rejected: list[Rejected] = []
         moved: dict[int, int] = {}
@@ -557,14 +541,20 @@ class GroupsState:
         for c in commits:
             t = by_path.get(c.stream)
             if t is None or t.holder != member or t.holder_generation != generation or t.fence != c.fence:
-                rejected.append(Rejected(c.stream, "FENCED", f"{member!r} does not hold {c.stream!r} with fence {c.fence}"))
+                rejected.append(
+                    Rejected(
+                        c.stream, "FENCED", f"{member!r} does not hold {c.stream!r} with fence {c.fence}"
+                    )
+                )
                 continue
             s = live_stream(streams, t.stream_uid, now_ms)
             if s is None:
                 rejected.append(Rejected(c.stream, "STREAM_GONE", f"stream {c.stream!r} no longer exists"))
                 continue
             if c.offset > s.tail:
-                rejected.append(Rejected(c.stream, "OFFSET_BEYOND_TAIL", f"offset is beyond the tail of {c.stream!r}"))
+                rejected.append(
+                    Rejected(c.stream, "OFFSET_BEYOND_TAIL", f"offset is beyond the tail of {c.stream!r}")
+                )
                 continue
             uid = t.stream_uid
             if c.offset > max(g.cursors.get(uid, 0), moved.get(uid, 0)):
@@ -594,10 +584,20 @@ class GroupsState:
         for r in releases:
             t = by_path.get(r.stream)
             # Releasing what one no longer holds is a no-op: retries are harmless.
-            if t is not None and t.holder == member and t.holder_generation == generation and t.fence == r.fence:
+            if (
+                t is not None
+                and t.holder == member
+                and t.holder_generation == generation
+                and t.fence == r.fence
+            ):
                 released.append((member, t.stream_uid))
         plan = self._plan(
-            g, streams, now_ms, op=op or f"heartbeat:{member}:{generation}:{g.revision}", exempt=member, releases=released
+            g,
+            streams,
+            now_ms,
+            op=op or f"heartbeat:{member}:{generation}:{g.revision}",
+            exempt=member,
+            releases=released,
         )
         records: list[GroupCommitted | GroupPlanned] = [r for r in (committed, plan) if r is not None]
         return records, rejected
@@ -623,8 +623,9 @@ class GroupsState:
 
     def _check_admin(self, g: Group, expected_revision: int | None) -> None:
         if expected_revision is not None and expected_revision != g.revision:
-            raise GroupError(
-                409, "STALE_REVISION", f"group {g.name!r} is at revision {g.revision}, not {expected_revision}",
+            raise TieredError(
+                ErrorCode.STALE_REVISION,
+                f"group {g.name!r} is at revision {g.revision}, not {expected_revision}",
                 revision=g.revision,
             )
 
@@ -646,14 +647,18 @@ class GroupsState:
             return []
         self._check_admin(g, expected_revision)
         wanted = normalize_paths(paths)
-        explicit = tuple(sorted(set(g.explicit) - set(wanted))) if unlink else tuple(sorted(set(g.explicit) | set(wanted)))
+        explicit = (
+            tuple(sorted(set(g.explicit) - set(wanted)))
+            if unlink
+            else tuple(sorted(set(g.explicit) | set(wanted)))
+        )
         if explicit == g.explicit:
             return []
         if not unlink:
             _, count = self.select(g, streams, now_ms, explicit)
             if len(explicit) > g.spec.max_streams or count > g.spec.max_streams:
-                raise GroupError(
-                    413, "TOO_MANY_STREAMS",
+                raise TieredError(
+                    ErrorCode.TOO_MANY_STREAMS,
                     f"the group would select {max(count, len(explicit))} streams; the limit is {g.spec.max_streams}",
                     limit=g.spec.max_streams,
                 )
@@ -721,7 +726,11 @@ class GroupsState:
             g.members = {}
             for pm in record.members:
                 prev = old.get(pm.member)
-                seen = prev.last_seen_ms if prev is not None and prev.generation == pm.generation else record.ts_ms
+                seen = (
+                    prev.last_seen_ms
+                    if prev is not None and prev.generation == pm.generation
+                    else record.ts_ms
+                )
                 g.members[pm.member] = Member(pm.member, pm.join_id, pm.generation, pm.joined_ms, seen)
                 g.generation_seq = max(g.generation_seq, pm.generation)
             g.targets = {t.stream_uid: Target.of(t) for t in record.targets}
@@ -738,9 +747,16 @@ class GroupsState:
             if record.name in self.groups or record.incarnation < self.next_incarnation:
                 return
             spec = GroupSpec(
-                record.bucket, record.pattern, record.streams, record.session_timeout_ms, record.max_members, record.max_streams
+                record.bucket,
+                record.pattern,
+                record.streams,
+                record.session_timeout_ms,
+                record.max_members,
+                record.max_streams,
             )
-            self.groups[record.name] = Group(record.name, record.incarnation, spec, record.ts_ms, explicit=record.streams)
+            self.groups[record.name] = Group(
+                record.name, record.incarnation, spec, record.ts_ms, explicit=record.streams
+            )
             self.next_incarnation = record.incarnation + 1
         elif isinstance(record, GroupDeleted):
             g = self.groups.get(record.name)
@@ -752,130 +768,12 @@ class GroupsState:
 
     # ------------------------------------------------------------- snapshots
 
-    def _snap(self, soft: bool) -> _GroupsSnap:
-        groups = []
-        for name, g in sorted(self.groups.items()):
-            s = g.spec
-            groups.append(
-                _GroupSnap(
-                    name=name,
-                    incarnation=g.incarnation,
-                    bucket=s.bucket,
-                    pattern=s.pattern,
-                    spec_streams=s.streams,
-                    session_timeout_ms=s.session_timeout_ms,
-                    max_members=s.max_members,
-                    max_streams=s.max_streams,
-                    created_ms=g.created_ms,
-                    revision=g.revision,
-                    explicit=g.explicit,
-                    members=[
-                        _MemberSnap(m.member, m.join_id, m.generation, m.joined_ms, m.last_seen_ms if soft else 0)
-                        for _, m in sorted(g.members.items())
-                    ],
-                    targets=list(g.plan_targets()),
-                    cursors=sorted(g.cursors.items()),
-                    retired_joins=list(g.retired_joins),
-                    recent_ops=list(g.recent_ops.items()),
-                    generation_seq=g.generation_seq,
-                )
-            )
-        return _GroupsSnap(1, self.next_incarnation, dict(sorted(self.retired.items())), groups)
-
     def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode(self._snap(True))
+        return encode_groups(self, soft=True)
 
     def digest(self) -> bytes:
         """The durable state only (no liveness clocks): equal after a replay."""
-        return msgspec.msgpack.encode(self._snap(False))
+        return encode_groups(self, soft=False)
 
     def restore(self, data: bytes) -> None:
-        snap = msgspec.msgpack.decode(data, type=_GroupsSnap)
-        self.next_incarnation = snap.next_incarnation
-        self.retired = dict(snap.retired)
-        self.groups = {}
-        for n in snap.groups:
-            spec = GroupSpec(n.bucket, n.pattern, n.spec_streams, n.session_timeout_ms, n.max_members, n.max_streams)
-            g = Group(n.name, n.incarnation, spec, n.created_ms, revision=n.revision, explicit=n.explicit)
-            g.members = {m.member: Member(m.member, m.join_id, m.generation, m.joined_ms, m.last_seen_ms) for m in n.members}
-            g.targets = {t.stream_uid: Target.of(t) for t in n.targets}
-            g.cursors = dict(n.cursors)
-            g.retired_joins = list(n.retired_joins)
-            g.recent_ops = dict(n.recent_ops)
-            g.generation_seq = n.generation_seq
-            self.groups[n.name] = g
-
-    # ------------------------------------------------------------- views
-
-    def member_view(self, name: str, member: str) -> dict[str, Any]:
-        """What a member sees: its streams (fence, cursor, revoked) and pending ones."""
-        g = self.get(name)
-        m = g.members.get(member)
-        if m is None:
-            raise GroupError(409, "NOT_MEMBER", f"{member!r} is not a member of group {name!r}; join again")
-        assignments = []
-        pending = []
-        for t in sorted(g.targets.values(), key=lambda t: t.path):
-            if t.holder == member and t.holder_generation == m.generation:
-                assignments.append(
-                    {
-                        "stream": t.path,
-                        "fence": t.fence,
-                        "cursor": format_offset(g.cursors.get(t.stream_uid, 0)),
-                        "revoked": t.owner != member,
-                    }
-                )
-            elif t.owner == member:
-                pending.append(t.path)
-        return {
-            "group": name,
-            "incarnation": g.incarnation,
-            "revision": g.revision,
-            "member": member,
-            "generation": m.generation,
-            "bucket": g.spec.bucket,
-            "session_timeout_ms": g.spec.session_timeout_ms,
-            "assignments": assignments,
-            "pending": pending,
-        }
-
-    def group_view(self, name: str, streams: StreamState, now_ms: int, tail: Callable[[Stream], int]) -> dict[str, Any]:
-        """The whole group: configuration, members, and every stream's owner, holder and cursor."""
-        g = self.get(name)
-        selected, count = self.select(g, streams, now_ms)
-        rows: dict[int, dict[str, Any]] = {}
-        for uid, path in selected:
-            rows[uid] = {"stream": path, "linked": True, "owner": None, "holder": None, "fence": 0}
-        for uid, t in g.targets.items():
-            rows[uid] = {"stream": t.path, "linked": t.linked, "owner": t.owner, "holder": t.holder, "fence": t.fence}
-        targets = []
-        for uid, row in sorted(rows.items(), key=lambda kv: kv[1]["stream"]):
-            s = live_stream(streams, uid, now_ms)
-            row["cursor"] = format_offset(g.cursors.get(uid, 0))
-            row["tail"] = format_offset(tail(s)) if s is not None else None
-            targets.append(row)
-        spec = g.spec
-        return {
-            "group": name,
-            "incarnation": g.incarnation,
-            "revision": g.revision,
-            "bucket": spec.bucket,
-            "pattern": spec.pattern,
-            "streams": list(g.explicit),
-            "session_timeout_ms": spec.session_timeout_ms,
-            "max_members": spec.max_members,
-            "max_streams": spec.max_streams,
-            "created_ms": g.created_ms,
-            "members": [
-                {"member": m.member, "generation": m.generation, "joined_ms": m.joined_ms}
-                for _, m in sorted(g.members.items())
-            ],
-            "targets": targets,
-            "over_limit": count > spec.max_streams,
-        }
-
-    def summary(self) -> list[dict[str, Any]]:
-        return [
-            {"group": name, "incarnation": g.incarnation, "revision": g.revision, "members": len(g.members), "targets": len(g.targets)}
-            for name, g in sorted(self.groups.items())
-        ]
+        decode_groups(self, data)

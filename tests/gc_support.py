@@ -1,75 +1,37 @@
 """Shared helpers for the ``test_gc_*`` suites (this module holds no tests).
 
-* ``VirtualClock`` drives every clock the service decides with: ``tiered.service.now_ms``
-  (requests, erasure, retention), the flusher's ``time.time()`` (copy keys, commit and
-  trim timestamps) and the GC runner's ``time.time()``. Monotonic time stays real, so
-  asyncio keeps working.
+* ``VirtualClock`` (``tiered.clock``) is handed to the node: requests, erasure,
+  retention, the flusher and GC all read it. Tests advance it; nothing is
+  monkeypatched.
 * ``ControlledStore`` wraps a real object store and lets a test make ``delete_many``,
   ``list``, ``put`` or ``get`` fail (``ObjectStoreUnavailable``), hang for a while and then
   fail (a timeout), or record every call.
-* ``Harness`` runs a real ``StreamService`` on a data dir (``start(run_flusher=False)``:
-  nothing runs in the background), with crash and clean restarts; ``HttpHarness`` also
-  serves its HTTP app on 127.0.0.1 (aiohttp TestServer).
+* ``Harness`` runs a real ``Node`` on a data dir with no background job (passes run
+  when a test asks), with crash and clean restarts; ``HttpHarness`` also serves its
+  HTTP handler on 127.0.0.1 with the production adapter.
 
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-import types
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import tiered.cold.flusher as flusher_module
-import tiered.gc.runner as runner_module
-import tiered.service as service_module
+from tiered.clock import VirtualClock
 from tiered.cold.store import DeleteFailure, ObjectInfo, ObjectStoreUnavailable
 from tiered.config import Config
 from tiered.hot.log import SegmentLog
-from tiered.records import Record, decode_record
-from tiered.service import StreamService
-from tiered.state import AppendRequest, ColdSlice, CreateRequest, ForkRequest, Stream
+from tiered.journal.codec import Record, decode_record
+from tiered.node import Node
+from tiered.streams.model import AppendRequest, ColdSlice, CreateRequest, ForkRequest, Stream
+
+__all__ = ["VirtualClock"]
 
 OCTET = "application/octet-stream"
 JSON = "application/json"
 T0 = 1_800_000_000_000  # virtual "now" at the start of every test (ms)
-
-
-# --------------------------------------------------------------------------- time
-
-
-class VirtualClock:
-    """A settable wall clock in ms, installed over every clock the service reads."""
-
-    def __init__(self, start_ms: int = T0) -> None:
-        self.ms = start_ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> int:
-        self.ms += ms
-        return self.ms
-
-    def _time_module(self) -> types.SimpleNamespace:
-        return types.SimpleNamespace(
-            time=lambda: self.ms / 1000, monotonic=time.monotonic, perf_counter=time.perf_counter,
-            sleep=time.sleep,
-        )
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[VirtualClock]:
-        saved = (service_module.now_ms, flusher_module.time, runner_module.time)
-        service_module.now_ms = self.now_ms  # type: ignore[assignment]
-        flusher_module.time = self._time_module()  # type: ignore[assignment]
-        runner_module.time = self._time_module()  # type: ignore[assignment]
-        try:
-            yield self
-        finally:
-            service_module.now_ms, flusher_module.time, runner_module.time = saved  # type: ignore[assignment]
 
 
 # --------------------------------------------------------------------------- config and files
@@ -181,110 +143,124 @@ class ControlledStore:
         return [c[1] for c in self.calls if c[0] == "delete_many"]
 
 
-def install_store(svc: StreamService, store: Any) -> None:
-    """Route every object-store use of a started service through ``store``."""
-    svc.store = store
-    assert svc.flusher is not None and svc.cold_reader is not None
-    svc.flusher.store = store
-    svc.cold_reader.store = store
+def install_store(node: Node, store: Any) -> None:
+    """Route every object-store use of a started node through ``store``."""
+    node.store = store
+    node.flusher.store = store
+    node.cold_reader.store = store
+    node.gc.ctx.store = store
+    if node.claim is not None:
+        node.claim.store = store
 
 
 # --------------------------------------------------------------------------- the service
 
 
 class Harness:
-    """A real StreamService on ``config``'s data dir, restartable; nothing in the background."""
+    """A real Node on ``config``'s data dir, restartable; nothing runs in the background."""
 
-    def __init__(self, config: Config, wrap: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, config: Config, wrap: Callable[[Any], Any] | None = None, *, clock: VirtualClock | None = None
+    ) -> None:
         self.config = config
         self.wrap = wrap
-        self.svc: StreamService | None = None
+        self.clock = clock or VirtualClock(T0)
+        self.node: Node | None = None
 
     @property
-    def s(self) -> StreamService:
-        assert self.svc is not None
-        return self.svc
+    def s(self) -> Node:
+        assert self.node is not None
+        return self.node
 
-    async def start(self, *, abort_interrupted: bool = True) -> StreamService:
-        svc = StreamService(self.config)
-        await svc.start(run_flusher=False)
+    async def start(self, *, abort_interrupted: bool = True) -> Node:
+        node = Node(self.config, self.clock)
+        await node.start(jobs=False)
         if self.wrap is not None:
-            install_store(svc, self.wrap(svc.store))
+            install_store(node, self.wrap(node.store))
         if abort_interrupted:
-            assert svc.flusher is not None
-            await svc.flusher.abort_interrupted_copies()  # what the flusher's run() does first
-        self.svc = svc
-        return svc
+            await node.flusher.abort_interrupted_copies()  # what the flusher's run() does first
+        self.node = node
+        return node
 
     async def stop(self) -> None:
-        if self.svc is not None:
-            await self.svc.stop()
-            self.svc = None
+        if self.node is not None:
+            await self.node.stop()
+            self.node = None
 
     async def crash(self) -> None:
         """Stop like SIGKILL after the last fsync: no shutdown snapshot, no background task survives."""
-        svc = self.svc
-        if svc is None:
+        node = self.node
+        if node is None:
             return
-        self.svc = None
-        deliveries = getattr(svc, "deliveries", None)  # background jobs of other features die too
-        if deliveries is not None:
-            await deliveries.stop()
-        for task in list(svc._tasks):
-            task.cancel()
-        await svc.journal.close(None)
-        if svc.store is not None:
-            await svc.store.close()
+        self.node = None
+        await node.tasks.stop()
+        await node.deliveries.close()
+        await node.journal.close(None)
+        if node.store is not None:
+            await node.store.close()
 
-    async def restart(self, *, crash: bool = False) -> StreamService:
+    async def restart(self, *, crash: bool = False) -> Node:
         await (self.crash() if crash else self.stop())
         return await self.start()
 
     # ---- stream helpers
 
     async def bucket(self, name: str) -> None:
-        await self.s.create_bucket(name)
+        await self.s.streams.create_bucket(name)
 
-    async def create(self, bucket: str, path: str, data: bytes = b"", *, content_type: str = OCTET,
-                     ttl_s: int | None = None, fork_from: tuple[str, str] | None = None,
-                     fork_offset: int | None = None) -> Stream:
+    async def create(
+        self,
+        bucket: str,
+        path: str,
+        data: bytes = b"",
+        *,
+        content_type: str = OCTET,
+        ttl_s: int | None = None,
+        fork_from: tuple[str, str] | None = None,
+        fork_offset: int | None = None,
+    ) -> Stream:
         fork = None
         if fork_from is not None:
-            src = self.s.lookup(*fork_from)
+            src = self.s.streams.lookup(*fork_from)
             offset = src.tail if fork_offset is None else fork_offset
-            fork = ForkRequest(source_uid=src.uid, offset=offset, spec=f"{fork_from[0]}/{fork_from[1]}@{offset}")
+            fork = ForkRequest(
+                source_uid=src.uid, offset=offset, spec=f"{fork_from[0]}/{fork_from[1]}@{offset}"
+            )
             content_type = src.content_type
-        created, s = await self.s.create(bucket, path, CreateRequest(content_type, ttl_s, None, None, False, data, fork))
+        created, s = await self.s.streams.create(
+            bucket, path, CreateRequest(content_type, ttl_s, None, None, False, data, fork)
+        )
         assert created
         return s
 
     async def append(self, bucket: str, path: str, data: bytes, content_type: str | None = None) -> int:
-        s = self.s.lookup(bucket, path)
-        result = await self.s.append(bucket, path, AppendRequest(content_type or s.content_type, data, False))
+        s = self.s.streams.lookup(bucket, path)
+        result = await self.s.streams.append(
+            bucket, path, AppendRequest(content_type or s.content_type, data, False)
+        )
         return result.tail
 
     async def read(self, bucket: str, path: str, start: int | None = None) -> bytes:
         """Bytes from ``start`` (default: the retained offset) to the tail."""
-        s = self.s.lookup(bucket, path)
+        streams = self.s.streams
+        s = streams.lookup(bucket, path)
         lo = s.retained_from if start is None else start
-        return await self.s.read(s, lo, self.s.view(s).tail)
+        return await streams.read(s, lo, streams.view(s).tail)
 
     def slice_kinds(self, bucket: str, path: str) -> list[str]:
-        s = self.s.lookup(bucket, path)
+        s = self.s.streams.lookup(bucket, path)
         return [type(sl).__name__ for sl in self.s.state.plan_read(s, s.retained_from, s.tail)]
 
     def cold_keys_of(self, bucket: str, path: str) -> set[str]:
-        s = self.s.lookup(bucket, path)
+        s = self.s.streams.lookup(bucket, path)
         return {sl.key for sl in self.s.state.plan_read(s, 0, s.tail) if isinstance(sl, ColdSlice)}
 
     async def flush(self) -> int:
-        assert self.s.flusher is not None
         n = await self.s.flusher.flush_once()
         await self.s.flusher.release_hot_copies()
         return n
 
     async def gc(self, now_ms: int, **kwargs: Any) -> Any:
-        assert self.s.gc is not None
         return await self.s.gc.run_pass(now_ms=now_ms, **kwargs)
 
 
@@ -292,32 +268,35 @@ class Harness:
 
 
 class HttpHarness(Harness):
-    """A Harness whose service also answers HTTP (aiohttp TestServer on 127.0.0.1)."""
+    """A Harness whose node also answers HTTP on 127.0.0.1 (the production adapter and handler)."""
 
-    def __init__(self, config: Config, wrap: Callable[[Any], Any] | None = None) -> None:
-        super().__init__(config, wrap)
-        self.server: Any = None
+    def __init__(
+        self, config: Config, wrap: Callable[[Any], Any] | None = None, *, clock: VirtualClock | None = None
+    ) -> None:
+        super().__init__(config, wrap, clock=clock)
+        self.listener: Any = None
         self.session: Any = None
+        self.port = 0
 
-    async def start(self, *, abort_interrupted: bool = True) -> StreamService:
+    async def start(self, *, abort_interrupted: bool = True) -> Node:
         import aiohttp
-        from aiohttp.test_utils import TestServer
 
-        from tiered.http_api import build_app
+        from tiered.http.aiohttp_server import AiohttpListener
+        from tiered.http.app import build_handler
 
-        svc = await super().start(abort_interrupted=abort_interrupted)
-        self.server = TestServer(build_app(svc), host="127.0.0.1")
-        await self.server.start_server()
+        node = await super().start(abort_interrupted=abort_interrupted)
+        self.listener = AiohttpListener(build_handler(node), max_body_bytes=self.config.max_body_bytes)
+        [(_, self.port)] = await self.listener.start("127.0.0.1", 0)
         self.session = aiohttp.ClientSession(auto_decompress=False)
-        return svc
+        return node
 
     async def _close_http(self) -> None:
         if self.session is not None:
             await self.session.close()
             self.session = None
-        if self.server is not None:
-            await self.server.close()
-            self.server = None
+        if self.listener is not None:
+            await self.listener.stop()
+            self.listener = None
 
     async def stop(self) -> None:
         await self._close_http()
@@ -329,10 +308,17 @@ class HttpHarness(Harness):
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return f"http://127.0.0.1:{self.port}"
 
-    async def http(self, method: str, path: str, *, body: bytes | str | None = None, json_body: Any = None,
-                   headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
+    async def http(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | str | None = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any, bytes]:
         """One request: (status, headers, body)."""
         import json as _json
 

@@ -23,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from tiered.hot.log import LogPosition, SegmentLog
+from tiered.hot.log import LogPosition, SegmentLog, WriteBatch
 from tiered.hot.segment import FRAME, FRAME_SIZE, is_marker
+from tiered.streams.records import Appended, StreamCreated
+from tiered.streams.state import StreamState
 
-from .records import Appended, Record, StreamCreated, decode_record, encode_record
+from .codec import Record, decode_record, encode_record
 from .snapshot import SnapshotStore, encode_snapshot
-from .state import StreamState
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Journal:
         self.fsync_interval_ms = fsync_interval_ms
         self.max_pending_bytes = max_pending_bytes
         self.failed: BaseException | None = None
+        self.read_only = False  # opened for inspection (a dry run): every append is refused
         self.bytes_since_snapshot = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._batch_future: asyncio.Future[None] | None = None
@@ -107,7 +109,9 @@ class Journal:
 
     # ---------------------------------------------------------------- start
 
-    def recover(self, *, read_only: bool = False, new_state: Callable[[], StreamState] = StreamState) -> StreamState:
+    def recover(
+        self, *, read_only: bool = False, new_state: Callable[[], StreamState] = StreamState
+    ) -> StreamState:
         """Load the newest snapshot and replay the log after it.
 
         ``new_state`` builds an empty state with its extensions registered.
@@ -124,12 +128,21 @@ class Journal:
             log.warning(
                 "recovery %s the tail of segment %d at byte %d: %d bytes (%s)%s",
                 "found (read-only, left in place)" if read_only else "cut",
-                cut.segment, cut.position, len(cut.data), cut.reason, describe_cut(cut.data),
+                cut.segment,
+                cut.position,
+                len(cut.data),
+                cut.reason,
+                describe_cut(cut.data),
             )
         for seg, damage in self.log.damage().items():
             for d in damage:
-                log.error("integrity: segment %d bytes [%d, %d) are damaged (%s); reads of them will fail",
-                          seg, d.start, d.end, d.reason)
+                log.error(
+                    "integrity: segment %d bytes [%d, %d) are damaged (%s); reads of them will fail",
+                    seg,
+                    d.start,
+                    d.end,
+                    d.reason,
+                )
         log.info("journal recovered: snapshot at %s, %d records replayed", start, count)
         return state
 
@@ -145,7 +158,9 @@ class Journal:
 
     # --------------------------------------------------------------- append
 
-    def append(self, record: Record, on_durable: Callable[[], None] | None = None) -> tuple[asyncio.Future[None], tuple[int, int] | None]:
+    def append(
+        self, record: Record, on_durable: Callable[[], None] | None = None
+    ) -> tuple[asyncio.Future[None], tuple[int, int] | None]:
         """Queue a record; returns (durability future, payload location).
 
         ``on_durable`` runs on the loop, in log order, once the record is
@@ -153,6 +168,8 @@ class Journal:
         """
         if self.failed is not None:
             raise JournalFailed(str(self.failed))
+        if self.read_only:
+            raise JournalFailed("the journal was opened read-only")
         body = encode_record(record)
         pos = self.log.append(body)
         self.bytes_since_snapshot += len(body)
@@ -204,7 +221,7 @@ class Journal:
                 cb()
             future.set_result(None)
 
-    def _write(self, batch) -> None:  # type: ignore[no-untyped-def]
+    def _write(self, batch: WriteBatch) -> None:
         self.log.write_batch(batch, sync=self.fsync_always)
         self._dirty_since_sync = not self.fsync_always
 

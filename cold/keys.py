@@ -1,0 +1,37 @@
+"""Object keys: ``data/<ULID>.parquet``, so keys sort by creation time and an object's age shows in its name.
+
+Pyarrow-free, so the GC (reconciliation judges unknown keys by their age) and
+tools can use it without the Parquet codec.
+"""
+
+from __future__ import annotations
+
+import os
+
+DATA_PREFIX = "data/"
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_object_key(now_ms: int, randomness: bytes | None = None) -> str:
+    """``data/<ULID>.parquet``: keys sort by creation time, so age shows in the name."""
+    rand = int.from_bytes(randomness or os.urandom(10), "big")
+    value = (now_ms << 80) | rand
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return DATA_PREFIX + "".join(reversed(chars)) + ".parquet"
+
+
+def key_time_ms(key: str) -> int | None:
+    """The creation time encoded in a key from ``new_object_key``."""
+    name = key.rsplit("/", 1)[-1].removesuffix(".parquet")
+    if len(name) != 26:
+        return None
+    value = 0
+    for ch in name:
+        i = _CROCKFORD.find(ch)
+        if i < 0:
+            return None
+        value = (value << 5) | i
+    return value >> 80

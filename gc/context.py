@@ -1,0 +1,67 @@
+"""What GC tasks work with: the state, small ports, the store, limits, and one pass's report."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tiered.clock import Clock
+from tiered.cold.reader import ColdReader
+from tiered.cold.store import ObjectStore, ObjectStoreError
+from tiered.ports import Committer, PrefixOwner
+from tiered.streams.state import StreamState
+
+from .report import GcReport
+
+
+class HotCopies(Protocol):
+    async def release_hot_copies(self) -> None: ...
+
+
+@dataclass
+class GcContext:
+    state: StreamState
+    committer: Committer
+    store: ObjectStore
+    clock: Clock
+    grace_ms: int
+    max_objects: int
+    reader: ColdReader | None = None
+    claim: PrefixOwner | None = None
+    hot: HotCopies | None = None
+    segments_deleted: Callable[[], int] = lambda: 0
+
+
+@dataclass
+class GcPass:
+    """One pass: its time, whether it only reports, whether it reconciles, and what it found."""
+
+    now: int
+    dry_run: bool
+    reconcile: bool
+    report: GcReport = field(default_factory=GcReport)
+
+
+class GcTask(Protocol):
+    name: str
+
+    async def run(self, ctx: GcContext, gc_pass: GcPass) -> None: ...
+
+
+async def prefix_held(ctx: GcContext, report: GcReport, *, force: bool = False) -> bool:
+    """Whether this data dir still owns the object-store prefix: nothing is deleted otherwise."""
+    if ctx.claim is None:
+        report.errors.append("the object-store prefix is not claimed by this data dir: nothing deleted")
+        return False
+    try:
+        held = await ctx.claim.still_held(force=force)
+    except ObjectStoreError as exc:
+        report.errors.append(f"cannot read the prefix claim: {exc}")
+        return False
+    if not held:
+        report.errors.append("the object-store prefix is claimed by another data dir: nothing deleted")
+    return held
+
+
+AsyncAction = Callable[[], Awaitable[None]]

@@ -1,0 +1,1 @@
+"""Operating the service: the admin API (retention, GC), metrics, health and readiness."""

@@ -1,0 +1,1 @@
+"""Buckets: the unit of ownership, retention and erasure (routes here; state in ``tiered.streams``)."""

@@ -1,0 +1,1 @@
+"""The ``tiered`` command line: ``serve``, ``gc`` and ``verify``."""

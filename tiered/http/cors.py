@@ -1,0 +1,44 @@
+"""CORS: preflight requests are answered here, for every route, without credentials.
+
+Browsers send ``OPTIONS`` before cross-origin requests with custom headers;
+the answer allows the protocol's methods and request headers. The matching
+``Access-Control-*`` response headers on real requests come from
+``security_headers``.
+"""
+
+from __future__ import annotations
+
+from .types import Handler, Request, Response
+
+ALLOWED_METHODS = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
+ALLOWED_HEADERS = ", ".join(
+    [
+        "Content-Type",
+        "Authorization",
+        "If-None-Match",
+        "Stream-Seq",
+        "Stream-TTL",
+        "Stream-Expires-At",
+        "Stream-Closed",
+        "Stream-Forked-From",
+        "Stream-Fork-Offset",
+        "Stream-Fork-Sub-Offset",
+        "Producer-Id",
+        "Producer-Epoch",
+        "Producer-Seq",
+    ]
+)
+_PREFLIGHT = {
+    "Access-Control-Allow-Methods": ALLOWED_METHODS,
+    "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+    "Access-Control-Max-Age": "86400",
+}
+
+
+def cors_preflight(handler: Handler) -> Handler:
+    async def preflight(request: Request) -> Response:
+        if request.method == "OPTIONS":
+            return Response(204, dict(_PREFLIGHT))
+        return await handler(request)
+
+    return preflight

@@ -1,0 +1,89 @@
+"""Requests and responses as the service sees them, whatever HTTP server carries them.
+
+Adapters (``aiohttp_server``, ``rsgi_server``) build a ``Request`` and turn a
+``Response`` back into bytes on the wire; handlers, middleware and the error
+mapper never see the server's own types. A response body is bytes, or an async
+iterator of byte chunks (SSE), which the adapter writes as they come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from urllib.parse import parse_qsl
+
+from tiered.errors import ErrorCode, TieredError
+
+
+class Request:
+    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded."""
+
+    __slots__ = ("method", "path", "query_string", "headers", "scheme", "host", "params", "_read", "_query")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
+        *,
+        scheme: str = "http",
+        host: str = "",
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query_string = query_string
+        self.headers = headers
+        self.scheme = scheme
+        self.host = host
+        self.params: dict[str, str] = {}
+        self._read = read
+        self._query: dict[str, str] | None = None
+
+    async def body(self) -> bytes:
+        """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``)."""
+        return await self._read()
+
+    @property
+    def query(self) -> dict[str, str]:
+        """Query parameters, percent-decoded as strict UTF-8; the first of repeated names wins."""
+        if self._query is None:
+            query: dict[str, str] = {}
+            if self.query_string:
+                try:
+                    pairs = parse_qsl(self.query_string, keep_blank_values=True, errors="strict")
+                except UnicodeDecodeError:
+                    raise TieredError(ErrorCode.BAD_REQUEST, "the query string is not valid UTF-8") from None
+                for name, value in pairs:
+                    query.setdefault(name, value)
+            self._query = query
+        return self._query
+
+
+Body = bytes | AsyncIterator[bytes]
+
+
+class Response:
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str] | None = None, body: Body = b"") -> None:
+        self.status = status
+        self.headers = headers if headers is not None else {}
+        self.body = body
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+Middleware = Callable[[Handler], Handler]
+
+JSON = "application/json"
+
+
+def json_response(
+    data: object, status: int = 200, headers: dict[str, str] | None = None, content_type: str = JSON
+) -> Response:
+    import msgspec
+
+    h = {"Content-Type": content_type}
+    if headers:
+        h.update(headers)
+    return Response(status, h, msgspec.json.encode(data))

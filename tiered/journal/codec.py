@@ -1,0 +1,30 @@
+"""Every journal record of every feature, in one tagged union, and its msgpack codec.
+
+Each feature owns its records (``tiered.streams.records``,
+``tiered.subscriptions.records``, ``tiered.groups.records``); this module only
+puts them together so the journal can decode any of them by its tag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tiered.groups.records import GroupRecord
+from tiered.streams.records import StreamRecord
+from tiered.subscriptions.records import SubscriptionRecord
+
+Record = StreamRecord | GroupRecord | SubscriptionRecord
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(body: bytes) -> Record:
+    record: Record = _decoder.decode(body)
+    return record

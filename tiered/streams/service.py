@@ -1,0 +1,242 @@
+"""The streams shell: the state machine wired to the committer, the read path and waiters.
+
+Each write is decide (pure) -> commit (journal + apply, no ``await`` between,
+so the event loop makes it atomic) -> wait for durability -> respond. A
+refusal that rests on state still in flight is answered only once that state
+is durable. Reads stay within what is durable (``Visibility``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tiered.clock import Clock
+from tiered.content import encode_json_messages, is_json
+from tiered.errors import ErrorCode, TieredError
+from tiered.journal.committer import Committer
+
+from . import appends, lifecycle
+from .model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
+from .reader import StreamReader
+from .records import StreamCreated
+from .state import StreamState
+from .visibility import Visibility, VisibleView, Waiters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    stream: Stream
+    tail: int
+    closed: bool
+    duplicate: bool
+    stored: bool  # new bytes were stored (a 200 for producers; duplicates and close-only are 204)
+    epoch: int | None
+    seq: int | None
+
+
+class StreamService:
+    def __init__(
+        self,
+        state: StreamState,
+        committer: Committer,
+        reader: StreamReader,
+        visibility: Visibility,
+        waiters: Waiters,
+        clock: Clock,
+        *,
+        max_hot_bytes: int,
+        flush_bytes: int,
+    ) -> None:
+        self.state = state
+        self.committer = committer
+        self.reader = reader
+        self.visibility = visibility
+        self.waiters = waiters
+        self.clock = clock
+        self.max_hot_bytes = max_hot_bytes
+        self.flush_bytes = flush_bytes
+        self.kick_flush: Callable[[], None] | None = None  # set by the node when a flusher runs
+        self.closing = False  # set at shutdown: live readers finish at once
+
+    def begin_shutdown(self) -> None:
+        """Release live readers so the HTTP server can drain quickly."""
+        self.closing = True
+        self.waiters.notify_all()
+
+    async def _refuse_when_durable(self, exc: TieredError) -> TieredError:
+        """A refusal may rest on state still on its way to disk: answer it only once that is durable."""
+        await self.committer.settled()
+        return exc
+
+    # ------------------------------------------------------------- buckets
+
+    async def create_bucket(self, name: str) -> bool:
+        await self.committer.admit()
+        records = self.state.decide_bucket(name, self.clock.now_ms())
+        await self.committer.durable(self.committer.commit_nowait(records))
+        return bool(records)
+
+    async def erase_bucket(self, name: str) -> None:
+        await self.committer.admit()
+        record = self.state.decide_erase_bucket(name, self.clock.now_ms())
+        await self.committer.durable(self.committer.commit_nowait([record]))
+
+    def describe_bucket(self, name: str) -> dict[str, Any]:
+        if name not in self.state.buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {name!r} does not exist")
+        streams = self.state.live_streams(name, self.clock.now_ms())
+        return {"name": name, "created_ms": self.state.buckets[name], "streams": streams}
+
+    def list_buckets(self) -> list[dict[str, Any]]:
+        return [{"name": name, "created_ms": ts} for name, ts in sorted(self.state.buckets.items())]
+
+    # ------------------------------------------------------------- retention
+
+    async def set_retention(
+        self, bucket: str, path: str | None, retention_ms: int | None, retention_bytes: int | None
+    ) -> None:
+        await self.committer.admit()
+        record = self.state.decide_retention_policy(
+            bucket, path, retention_ms, retention_bytes, self.clock.now_ms()
+        )
+        await self.committer.durable(self.committer.commit_nowait([record]))
+
+    async def retain_from(self, bucket: str, path: str, offset: int) -> Stream:
+        await self.committer.admit()
+        records = self.state.decide_retain(bucket, path, offset, self.clock.now_ms())
+        await self.committer.durable(self.committer.commit_nowait(records))
+        return self.lookup(bucket, path)
+
+    # ------------------------------------------------------------- writes
+
+    def check_hot_capacity(self, incoming: int) -> None:
+        if incoming and self.state.hot_bytes + incoming > self.max_hot_bytes:
+            raise TieredError(ErrorCode.HOT_TIER_FULL, "hot tier is full until data moves to the cold tier")
+
+    async def fork_request(
+        self, bucket: str, path: str, offset: int | None, sub: int, spec: str
+    ) -> ForkRequest:
+        """Resolve fork headers to a source uid and an absolute fork point (reads for a JSON sub-offset)."""
+        source = lifecycle.fork_source(self.state, self.state.find(bucket, path), self.clock.now_ms())
+        tail = self.view(source).tail
+        if offset is None:
+            offset = tail
+        elif offset > tail:
+            raise TieredError(
+                ErrorCode.OFFSET_BEYOND_TAIL, "Stream-Fork-Offset is beyond the source stream's tail"
+            )
+        if sub:
+            if source.json:
+                data = await self.read(source, offset, tail)
+                pos = 0
+                for _ in range(sub):
+                    nl = data.find(b"\n", pos)
+                    if nl < 0:
+                        raise TieredError(
+                            ErrorCode.BAD_REQUEST,
+                            "Stream-Fork-Sub-Offset is past the end of the source stream",
+                        )
+                    pos = nl + 1
+                offset += pos
+            elif offset + sub > tail:
+                raise TieredError(
+                    ErrorCode.BAD_REQUEST, "Stream-Fork-Sub-Offset is past the end of the source stream"
+                )
+            else:
+                offset += sub
+        return ForkRequest(source_uid=source.uid, offset=offset, spec=spec)
+
+    async def create(self, bucket: str, path: str, req: CreateRequest) -> tuple[bool, Stream]:
+        """Create a stream (or match an existing one). Returns (created, stream).
+
+        ``req.data`` is the body as sent; a JSON stream stores it as messages.
+        """
+        content_type = req.content_type
+        if content_type is None and req.fork is not None:
+            source = self.state.streams.get(req.fork.source_uid)
+            content_type = source.content_type if source is not None else None
+        if req.data and content_type is not None and is_json(content_type):
+            req = replace(req, data=encode_json_messages(req.data, allow_empty_array=True))
+        self.check_hot_capacity(len(req.data))
+        await self.committer.admit()
+        try:
+            records, existing = self.state.decide_create(bucket, path, req, self.clock.now_ms())
+        except TieredError as exc:
+            raise await self._refuse_when_durable(exc) from None
+        if existing is not None:
+            await self.committer.settled()  # the matching create may still be in flight
+            return False, existing
+        future = self.committer.commit_nowait(records)
+        created = records[-1]
+        assert isinstance(created, StreamCreated)
+        await self.committer.durable(future)
+        return True, self.state.streams[created.uid]
+
+    async def append(self, bucket: str, path: str, req: AppendRequest) -> AppendResult:
+        """Append ``req.data`` (the body as sent; a JSON stream stores it as messages)."""
+        await self.committer.admit()
+        try:
+            s = self.lookup(bucket, path)  # the one lookup of this append
+            if (
+                req.data
+                and s.json
+                and not s.closed
+                and req.content_type is not None
+                and is_json(req.content_type)
+            ):
+                req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
+            self.check_hot_capacity(len(req.data))
+            decided = appends.check_append(s, req, self.clock.now_ms())
+        except TieredError as exc:
+            raise await self._refuse_when_durable(exc) from None
+        if isinstance(decided, Duplicate):
+            # The original may still be on its way to disk: answer once it is.
+            await self.committer.settled()
+            return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
+        future = self.committer.commit_nowait([decided])
+        tail, closed = s.tail, s.closed
+        await self.committer.durable(future)
+        # After durability: a flush pass only takes durable data.
+        if self.kick_flush is not None and self.state.hot_bytes >= self.flush_bytes:
+            self.kick_flush()
+        return AppendResult(s, tail, closed, False, bool(decided.data), decided.epoch, decided.seq)
+
+    async def delete(self, bucket: str, path: str) -> None:
+        await self.committer.admit()
+        try:
+            record = self.state.decide_delete(bucket, path, self.clock.now_ms())
+        except TieredError as exc:
+            raise await self._refuse_when_durable(exc) from None
+        await self.committer.durable(self.committer.commit_nowait([record]))
+
+    def touch(self, s: Stream) -> None:
+        record = self.state.touch(s, self.clock.now_ms())
+        if record is not None and self.committer.journal.failed is None:
+            self.committer.commit_nowait([record])
+
+    # ------------------------------------------------------------- reads
+
+    def lookup(self, bucket: str, path: str) -> Stream:
+        return self.state.lookup(bucket, path, self.clock.now_ms())
+
+    def view(self, s: Stream) -> VisibleView:
+        return self.visibility.view(s)
+
+    async def read(self, s: Stream, start: int, end: int) -> bytes:
+        return await self.reader.read(s, start, end)
+
+    async def wait_for_change(self, s: Stream, offset: int, timeout: float) -> bool:
+        """Park until the stream's visible tail passes ``offset`` or it closes."""
+        v = self.view(s)
+        if v.tail > offset or v.closed or self.closing:
+            return True
+        return await self.waiters.wait(s.uid, timeout)
+
+    def still_live(self, s: Stream) -> bool:
+        """The stream a live reader holds was not deleted (or erased) meanwhile."""
+        return self.state.streams.get(s.uid) is s and not s.soft_deleted
