@@ -107,9 +107,16 @@ def test_the_core_speaks_no_http() -> None:
         p
         for name, p in modules().items()
         if name.startswith(
-            ("tiered.streams", "tiered.journal", "tiered.groups", "tiered.subscriptions", "tiered.gc")
+            (
+                "tiered.streams",
+                "tiered.journal",
+                "tiered.groups",
+                "tiered.subscriptions",
+                "tiered.gc",
+                "tiered.cluster",
+            )
         )
-        and not name.endswith((".http", ".client", ".delivery"))
+        and not name.endswith((".http", ".client", ".delivery", ".forward"))
     ]
     assert len(core) > 20
     for path in core:
