@@ -66,6 +66,8 @@ class Ack:
 
 
 class ClusterProtocol(RuleBasedStateMachine):
+    REBALANCE = True
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -91,7 +93,7 @@ class ClusterProtocol(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def _new_node(self, name: str) -> ClusterNode:
-        config = NodeConfig(name, f"http://{name}.test", TIMING, shard_count=SHARDS)
+        config = NodeConfig(name, f"http://{name}.test", TIMING, shard_count=SHARDS, rebalance=self.REBALANCE)
         return ClusterNode(self.store, config, self.clocks[name], nonce=nonce_source(self.rng))
 
     def teardown(self) -> None:
@@ -360,5 +362,19 @@ ClusterProtocol.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestClusterProtocol = ClusterProtocol.TestCase
-TestClusterProtocol = pytest.mark.timeout(600)(TestClusterProtocol)
+TestClusterProtocol = pytest.mark.timeout(600)(ClusterProtocol.TestCase)
+
+
+class StickyClusterProtocol(ClusterProtocol):
+    """The same, with shards staying with their holder (local durability's placement)."""
+
+    REBALANCE = False
+
+
+StickyClusterProtocol.TestCase.settings = settings(
+    max_examples=80,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestStickyClusterProtocol = pytest.mark.timeout(600)(StickyClusterProtocol.TestCase)

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tiered.clock import SystemClock
 from tiered.cluster import keys
 from tiered.cluster.cas import Fault, MemoryCasStore
 from tiered.cluster.heartbeat import Liveness, decode_heartbeat
 from tiered.cluster.lease import LeaseTiming, decode_lease
-from tiered.cluster.manifest import EntryKind, check_chain
+from tiered.cluster.manifest import EntryKind, ManifestEntry, check_chain
 from tiered.cluster.node_shell import ClusterNode, NodeConfig
 from tiered.cluster.placement import assignment
 from tiered.errors import ErrorCode, TieredError
@@ -34,6 +35,12 @@ SHARDS = 4
 @dataclass
 class Hooks:
     calls: list[tuple[str, int]] = field(default_factory=list)
+    refuse: set[int] = field(default_factory=set)
+
+    async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
+        self.calls.append(("prepare", shard))
+        if shard in self.refuse:
+            raise TieredError(ErrorCode.SHARD_NOT_OWNED, f"refusing shard {shard}")
 
     async def serve(self, shard: int, epoch: int) -> None:
         self.calls.append(("serve", shard))
@@ -99,7 +106,7 @@ def test_one_node_creates_the_cluster_and_serves_every_shard_at_epoch_one(sim: S
     for shard in range(SHARDS):
         entries = chain(sim.store, shard)
         assert [(e.seq, e.epoch, e.kind) for e in entries] == [(1, 1, EntryKind.FENCE)]
-    assert sim.hooks["x"].calls == [("serve", s) for s in range(SHARDS)]
+    assert sim.hooks["x"].calls == [call for s in range(SHARDS) for call in (("prepare", s), ("serve", s))]
     assert a.owner_of(0) == ("x", "http://x")
 
 
@@ -264,3 +271,44 @@ def test_config_is_checked() -> None:
         kwargs = {"node_id": "x", "advertise_url": "u", "timing": TIMING, **bad}
         with pytest.raises(ValueError):
             NodeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_shard_the_data_plane_refuses_is_released_unfenced_and_declined_for_a_while(sim: Sim) -> None:
+    a = sim.node("x")
+    sim.hooks["x"].refuse.add(2)
+    sim.rounds([a], 1)
+    assert sorted(a.serving()) == [0, 1, 3]
+    assert chain(sim.store, 2) == []  # no fence: a refusal leaves no trace in the chain
+    lease = decode_lease(sim.store.objects[keys.lease_key(2)].data, 2)
+    assert lease.free and lease.epoch == 1
+    sim.rounds([a], 5)
+    assert 2 not in a.holds  # declined: not taken again at once
+    sim.hooks["x"].refuse.clear()
+    sim.rounds([a], int(TIMING.stale_after_s) + 1)
+    assert a.serving()[2] == 2
+
+
+def test_run_repeats_passes_until_stopped_then_hands_off() -> None:
+    """The loop on the real clock: serves, then on stop hands everything off and says so."""
+
+    async def scenario() -> None:
+        store = MemoryCasStore()
+        config = NodeConfig("x", "http://x", LeaseTiming(ttl_s=2.0, margin_s=0.4), shard_count=SHARDS)
+        node = ClusterNode(store, config, SystemClock())
+        stop = asyncio.Event()
+        running = asyncio.create_task(node.run(stop, interval_s=0.01))
+        for _ in range(500):  # bounded: about 5 s at most
+            if len(node.serving()) == SHARDS:
+                break
+            await asyncio.sleep(0.01)
+        assert len(node.serving()) == SHARDS
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        assert node.holds == {} and node.me is None
+        beat = decode_heartbeat(store.objects[keys.node_key("x")].data, "x")
+        assert beat.state is Liveness.STOPPED
+        for shard in range(SHARDS):
+            lease = decode_lease(store.objects[keys.lease_key(shard)].data, shard)
+            assert lease.free and lease.last_owner == "x"
+
+    asyncio.run(scenario())

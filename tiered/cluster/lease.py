@@ -109,6 +109,8 @@ class LeaseBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     incarnation: int  # the owner's incarnation (its join count); 0 when free
     advertise_url: str
     nonce: str
+    # On a free lease: the node whose state the shard is in (its last writer), "" if unknown.
+    last_owner: str = ""
 
     @property
     def free(self) -> bool:
@@ -190,6 +192,7 @@ class Hold:
     advertise_url: str
     state: HoldState = HoldState.FENCING
     release: LeaseWrite | None = field(default=None, repr=False)  # the release in flight, if any
+    prepared: bool = False  # the data plane agreed to serve it (asked once, before the fence)
 
     @classmethod
     def won(cls, write: LeaseWrite, etag: str) -> Hold:
@@ -202,9 +205,13 @@ def plan_renew(hold: Hold, *, owner: str, incarnation: int, advertise_url: str, 
     return LeaseWrite(hold.shard, body, hold.etag)
 
 
-def plan_release(hold: Hold, *, nonce: str) -> LeaseWrite:
-    """Give the shard up at the same epoch; the next owner takes epoch + 1 without waiting."""
-    return LeaseWrite(hold.shard, LeaseBody(hold.epoch, "", 0, "", nonce), hold.etag)
+def plan_release(hold: Hold, *, nonce: str, last_owner: str = "") -> LeaseWrite:
+    """Give the shard up at the same epoch; the next owner takes epoch + 1 without waiting.
+
+    ``last_owner`` names the node whose disk holds the shard's state, for
+    durability modes where that matters (see ``NodeConfig.rebalance``).
+    """
+    return LeaseWrite(hold.shard, LeaseBody(hold.epoch, "", 0, "", nonce, last_owner), hold.etag)
 
 
 def landed(write: LeaseWrite, found: LeaseRecord | None) -> bool:

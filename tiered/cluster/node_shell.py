@@ -105,7 +105,11 @@ class NodeConfig:
     ``shard_count`` creates the cluster when there is none (and must match
     it when there is one); None joins an existing cluster only.
     ``beat_interval_s`` defaults to a quarter of the TTL, so about three
-    beats may fail before the window closes.
+    beats may fail before the window closes. ``rebalance`` hands shards off
+    whenever placement names another live node; without it (local
+    durability, where a shard's state is on its last writer's disk) a shard
+    stays with its holder until it stops or dies, a released shard is left to
+    its last writer while that node is alive, and that node takes it back.
     """
 
     node_id: str
@@ -114,6 +118,7 @@ class NodeConfig:
     shard_count: int | None = None
     beat_interval_s: float | None = None
     max_writes_per_tick: int = 16
+    rebalance: bool = True
 
     def __post_init__(self) -> None:
         if not _NODE_ID.fullmatch(self.node_id):
@@ -134,6 +139,15 @@ class NodeConfig:
 class ShardHooks(Protocol):
     """What the node's data plane does when a shard comes and goes (phase 2 wires these)."""
 
+    async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
+        """Before fencing: refuse (raise ``TieredError``) a shard this node cannot serve.
+
+        ``latest`` is the chain's last entry (None for a shard never served).
+        A refusal leaves no trace in the chain: the lease is released and the
+        shard declined here for a while, so another node can take it.
+        """
+        ...
+
     async def serve(self, shard: int, epoch: int) -> None:
         """The shard is fenced at ``epoch``: replay it, then acknowledgements may begin."""
         ...
@@ -148,6 +162,9 @@ class ShardHooks(Protocol):
 
 
 class NoHooks:
+    async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
+        return None
+
     async def serve(self, shard: int, epoch: int) -> None:
         return None
 
@@ -201,6 +218,7 @@ class ClusterNode:
         self._beats: dict[str, float] = {}  # our recent beat nonces -> send time
         self._next_beat_at = -math.inf
         self._commit_locks: dict[int, asyncio.Lock] = {}
+        self.declined: dict[int, float] = {}  # shard -> until when this node will not take it
 
     # -- what the data plane asks ---------------------------------------------------------
 
@@ -524,6 +542,7 @@ class ClusterNode:
         for shard in list(self.holds):
             self._drop(shard, "this incarnation was declared dead")
         self.me = None
+        self._beats.clear()
         self._next_beat_at = -math.inf
 
     async def _declare_dead(self, budget: _Budget) -> None:
@@ -583,7 +602,9 @@ class ClusterNode:
 
     async def _reconcile(self, budget: _Budget) -> None:
         assert self.spec is not None
-        desired = assignment(self.spec.shard_count, self._live(self.clock.monotonic()))
+        now = self.clock.monotonic()
+        desired = assignment(self.spec.shard_count, self._live(now))
+        sticky = not self.config.rebalance
         for shard in range(self.spec.shard_count):
             lease = self.leases.get(shard)
             hold = self.holds.get(shard)
@@ -594,7 +615,7 @@ class ClusterNode:
                 # Won by a write of ours whose answer was lost, or left over from a shard we had to
                 # drop. Nothing was acknowledged under it since: keep it if we should own the shard
                 # and nothing newer is in its chain, else give it back.
-                if desired[shard] == self.node_id and not self._below_floor(shard, lease):
+                if (sticky or desired[shard] == self.node_id) and not self._below_floor(shard, lease):
                     log.info(
                         "shard %d: adopting epoch %d, won by a write whose answer was lost",
                         shard,
@@ -613,9 +634,23 @@ class ClusterNode:
                         )
                         await self._lease_write(plan_release(stray, nonce=self._nonce()))
                     continue
-            if desired[shard] == self.node_id and self._takeable(shard, lease):
+            last = lease.body.last_owner if lease is not None and lease.body.free else ""
+            claim_back = sticky and last == self.node_id
+            leave = sticky and last not in ("", self.node_id) and self.view.alive(last, now)
+            if (
+                (claim_back or (desired[shard] == self.node_id and not leave))
+                and self._takeable(shard, lease)
+                and not self._declines(shard)
+            ):
                 if budget.take():
                     await self._take(shard, lease)
+
+    def _declines(self, shard: int) -> bool:
+        until = self.declined.get(shard)
+        if until is not None and self.clock.monotonic() >= until:
+            del self.declined[shard]
+            return False
+        return until is not None
 
     def _ours(self, lease: LeaseRecord | None) -> bool:
         return (
@@ -638,7 +673,7 @@ class ClusterNode:
             else:
                 self._drop(shard, "its lease changed hands")
             return
-        move = desired is not None and desired != self.node_id
+        move = self.config.rebalance and desired is not None and desired != self.node_id
         if not budget.take():
             return
         if hold.state is HoldState.RELEASING:
@@ -740,6 +775,9 @@ class ClusterNode:
             try:
                 latest = None if writer.pending is not None else await self._latest_entry(shard)
                 entry = writer.plan_fence(latest, self._nonce())
+                if entry is not None and not hold.prepared:
+                    if not await self._prepared(shard, hold, latest):
+                        return
                 if entry is not None:
                     await self._settle_entry(shard, writer, entry)
             except CasUnavailable:
@@ -762,6 +800,21 @@ class ClusterNode:
                     writer.fence_seq,
                 )
                 return
+
+    async def _prepared(self, shard: int, hold: Hold, latest: ManifestEntry | None) -> bool:
+        """Ask the data plane before fencing; on a refusal give the lease back and decline the shard."""
+        try:
+            await self.hooks.prepare(shard, hold.epoch, latest)
+            hold.prepared = True
+        except TieredError as exc:
+            log.error("node %s cannot serve shard %d: %s; releasing it", self.node_id, shard, exc.message)
+            self.declined[shard] = self.clock.monotonic() + self.config.timing.stale_after_s
+            self.writers[shard].pending = None
+            hold.release = plan_release(hold, nonce=self._nonce(), last_owner=latest.writer if latest else "")
+            hold.state = HoldState.RELEASING
+            await self._release(shard, hold)
+            return False
+        return True
 
     async def _settle_entry(self, shard: int, writer: ManifestWriter, entry: ManifestEntry) -> None:
         """Write ``entry`` create-only at its position; settle a lost answer or a taken position.
@@ -815,7 +868,7 @@ class ClusterNode:
                 log.exception("shard %d: flush before handoff failed; serving on", shard)
                 hold.state = HoldState.SERVING
                 return
-            hold.release = plan_release(hold, nonce=self._nonce())
+            hold.release = plan_release(hold, nonce=self._nonce(), last_owner=self.node_id)
         hold.state = HoldState.RELEASING
         await self._release(shard, hold)
 
