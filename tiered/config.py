@@ -35,6 +35,12 @@ def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
 class Config:
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(4437, "TCP port to listen on")
+    http_server: str = setting(
+        "granian",
+        "'granian' (HTTP/1.1 and HTTP/2, TLS; the faster, see docs/benchmarks.md) or 'aiohttp' (HTTP/1.1 only)",
+    )
+    tls_cert: str = setting("", "PEM certificate chain: serve HTTPS (HTTP/2 by ALPN) with --tls-key")
+    tls_key: str = setting("", "PEM private key for --tls-cert")
     data_dir: str = setting(
         "./tiered-data", "directory for hot segments, snapshots and the local object store", ALL
     )
@@ -125,6 +131,16 @@ class Config:
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
+        if self.http_server not in ("granian", "aiohttp"):
+            raise ConfigError("http_server must be 'granian' or 'aiohttp'")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_cert and self.http_server != "granian":
+            raise ConfigError("TLS is served by http_server = 'granian'")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"{name} {path!r} is not a readable file")
         if not 0 < self.port < 65536:
             raise ConfigError("port must be between 1 and 65535")
         if self.segment_bytes < 1 * MiB:

@@ -134,7 +134,8 @@ class StreamRoutes:
         if v.closed:
             headers["Stream-Closed"] = "true"
         if created:
-            headers["Location"] = f"{request.scheme}://{request.host}{request.path}"
+            # Absolute when the Host is sound, else relative (RFC 9110 allows both).
+            headers["Location"] = (request.origin or "") + request.path
         return Response(201 if created else 200, headers)
 
     async def _fork_request(self, h: Mapping[str, str]) -> ForkRequest | None:
