@@ -363,6 +363,12 @@ def other_ratio_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str,
         t, o = _get(tiered, "append", "appends_per_s"), _get(other, "append", "appends_per_s")
         if t is not None and o:
             rows.append((label, f"{t / o:.2f}x", target, "PASS" if ok(t / o) else "FAIL"))
+    t = _get(tiered, "append", "appends_per_s")
+    for key in results:
+        if key.startswith("tiered@"):
+            o = _get(results[key].get("median"), "append", "appends_per_s")
+            if t is not None and o:
+                rows.append((f"tiered {key.removeprefix('tiered@')} (same run)", f"{t / o:.2f}x", "info", ""))
     if "null-granian" in results and "null-aiohttp" in results:
         g = _get(results["null-granian"].get("median"), "append", "appends_per_s")
         a = _get(results["null-aiohttp"].get("median"), "append", "appends_per_s")
@@ -430,7 +436,35 @@ def build_specs(args: argparse.Namespace) -> dict[str, ServerSpec]:
             unset_env=("DATA_DIR",),
         ),
         "tiered": ServerSpec("tiered", SERVER_LABELS["tiered"], tiered_argv),
+        **{
+            key: ServerSpec(
+                key,
+                f"tiered {key.removeprefix('tiered@')}",
+                [
+                    *shlex.split(cmd),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "{port}",
+                    "--data-dir",
+                    "{data_dir}",
+                    *shlex.split(args.tiered_args),
+                ],
+            )
+            for key, cmd in _other_tiereds(args).items()
+        },
     }
+
+
+def _other_tiereds(args: argparse.Namespace) -> dict[str, str]:
+    """``--other-tiered LABEL=CMD`` servers, keyed ``tiered@LABEL`` (another build to compare with)."""
+    out = {}
+    for spec in args.other_tiered:
+        label, sep, cmd = spec.partition("=")
+        if not sep or not label or not cmd:
+            raise SystemExit(f"--other-tiered wants LABEL=CMD, got {spec!r}")
+        out[f"tiered@{label}"] = cmd
+    return out
 
 
 def wait_for_idle(max_wait_s: float, busy_threshold: float = 15.0) -> float | None:
@@ -523,6 +557,14 @@ def _main(argv: list[str] | None) -> int:
     )
     parser.add_argument("--tiered-args", default="", help="extra arguments appended to the tiered command")
     parser.add_argument(
+        "--other-tiered",
+        action="append",
+        default=[],
+        metavar="LABEL=CMD",
+        help="another tiered build to run in the same rounds as server key tiered@LABEL (e.g. "
+        'old="env PYTHONPATH=/tmp/old python3 -m tiered.cli serve"); repeatable',
+    )
+    parser.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for a server (default 120)"
     )
     parser.add_argument(
@@ -550,6 +592,8 @@ def _main(argv: list[str] | None) -> int:
     keys = [k.strip() for k in args.servers.split(",") if k.strip()]
     if args.memory and "ref-mem" not in keys:
         keys.append("ref-mem")
+    for key in _other_tiereds(args):
+        SERVER_LABELS.setdefault(key, f"tiered {key.removeprefix('tiered@')}")
     unknown = [k for k in keys if k not in SERVER_LABELS]
     if unknown:
         parser.error(f"unknown server(s) {unknown}; choose from {sorted(SERVER_LABELS)}")
