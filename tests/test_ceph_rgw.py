@@ -32,19 +32,14 @@ from botocore.exceptions import ReadTimeoutError
 
 from tiered.cold.backends import open_object_store
 from tiered.cold.retry import RetryPolicy
-from tiered.cold.s3 import (
-    MIN_PART_SIZE,
-    PROBE_KEY_PREFIX,
-    ConditionalWritesUnsupported,
-    ConditionalWriteSupport,
-    PreconditionFailed,
-    S3Store,
-)
+from tiered.cold.s3 import MIN_PART_SIZE, PROBE_KEY_PREFIX, ConditionalWriteSupport, S3Store
 from tiered.cold.store import (
+    ConditionalWritesUnsupported,
     ObjectExists,
     ObjectNotFound,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    PreconditionFailed,
     ReadOnlyStore,
 )
 

@@ -88,8 +88,10 @@ class CrashingStore(ControlledStore):
         self.crash_put = ""  # "", "after"
         self.crash_delete = ""  # "", "before", "after"
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> Any:
-        info = await super().put(key, data, if_none_match=if_none_match)
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> Any:
+        info = await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
         if self.crash_put == "after":
             die_here(self.harness.s, f"after uploading {key}")
         return info
