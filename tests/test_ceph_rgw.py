@@ -48,12 +48,6 @@ from . import http_helpers as http
 from . import s3_server
 from .server_process import ServerProcess
 
-# Re-exported so pytest finds the fixtures in this module (tests/conftest.py is not ours).
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-ceph_rgw = rgw.ceph_rgw
-ceph_rgw_env = rgw.ceph_rgw_env
-
 pytestmark = pytest.mark.timeout(300)
 
 FAST_RETRY = RetryPolicy(attempts=3, base=0.01, cap=0.05)

@@ -19,9 +19,6 @@ import pytest
 from . import s3_server
 from .server_process import ServerProcess
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-
 HERE = Path(__file__).parent / "conformance"
 EXPECTED_PASSED = 332  # every non-subscription test of suite 0.3.6
 EXPECTED_PASSED_WITH_SUBSCRIPTIONS = 338  # ... plus its 6 subscription tests (CONFORMANCE_SUBSCRIPTIONS=1)

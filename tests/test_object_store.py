@@ -40,12 +40,7 @@ from tiered.cold.store import (
     ReadOnlyStore,
 )
 
-from . import s3_server
 from .s3_server import S3Endpoint
-
-# Re-exported so pytest finds the fixtures in this module (tests/conftest.py is not ours).
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 pytestmark = pytest.mark.timeout(60)
 

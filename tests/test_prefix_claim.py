@@ -25,9 +25,6 @@ from tests.server_process import ServerProcess
 from tiered.cold.claim import CLAIM_KEY, PrefixClaim, PrefixClaimed, load_identity
 from tiered.cold.localdir import LocalDirStore
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-
 pytestmark = pytest.mark.timeout(120)
 OCTET = {"Content-Type": "application/octet-stream"}
 

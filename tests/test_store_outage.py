@@ -24,9 +24,6 @@ from tests.http_helpers import request
 from tests.server_process import ServerProcess
 from tests.tcp_proxy import proxy_to
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-
 pytestmark = pytest.mark.timeout(120)
 OCTET = {"Content-Type": "application/octet-stream"}
 
