@@ -55,6 +55,38 @@ def new_state() -> StreamState:
     return StreamState([GroupsState(), SubscriptionState()])
 
 
+async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectStore:
+    """The configured object store; with ``probe`` an S3 store must first pass the conditional-write probe.
+
+    Only ``serve`` probes: it writes the create-only prefix claim and relies on
+    it. A store that ignores conditional writes raises
+    ``ConditionalWritesUnsupported`` here and the server refuses to start.
+    ``read_only`` (verify, dry runs) writes nothing and refuses writes.
+    """
+    c = config
+    if c.cold_store == "s3":
+        for message in c.deprecations():
+            log.warning("%s", message)
+        if not probe and not read_only and c.s3_conditional_writes == "off":
+            log.warning(
+                "s3_conditional_writes = 'off': the object store's conditional writes are not checked; "
+                "on a store that ignores them the prefix claim does not stop a second server"
+            )
+    return await open_object_store(
+        c.cold_store,
+        local_root=c.data_path / "cold",
+        s3_bucket=c.s3_bucket,
+        s3_prefix=c.s3_prefix,
+        s3_endpoint=c.s3_endpoint,
+        s3_region=c.s3_region,
+        s3_addressing_style=c.s3_addressing,
+        s3_checksum_mode="" if c.s3_checksum_mode == "auto" else c.s3_checksum_mode,
+        s3_ca_bundle=c.s3_ca_bundle,
+        s3_probe_conditional_writes=probe,
+        read_only=read_only,
+    )
+
+
 class Node:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
@@ -162,34 +194,7 @@ class Node:
         )
 
     async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
-        """The configured store; with ``probe`` an S3 store must first pass the conditional-write probe.
-
-        Only ``serve`` probes: it writes the create-only prefix claim and relies
-        on it. A store that ignores conditional writes raises
-        ``ConditionalWritesUnsupported`` here and the server refuses to start.
-        """
-        c = self.config
-        if c.cold_store == "s3":
-            for message in c.deprecations():
-                log.warning("%s", message)
-            if not probe and not read_only and c.s3_conditional_writes == "off":
-                log.warning(
-                    "s3_conditional_writes = 'off': the object store's conditional writes are not checked; "
-                    "on a store that ignores them the prefix claim does not stop a second server"
-                )
-        return await open_object_store(
-            c.cold_store,
-            local_root=c.data_path / "cold",
-            s3_bucket=c.s3_bucket,
-            s3_prefix=c.s3_prefix,
-            s3_endpoint=c.s3_endpoint,
-            s3_region=c.s3_region,
-            s3_addressing_style=c.s3_addressing,
-            s3_checksum_mode="" if c.s3_checksum_mode == "auto" else c.s3_checksum_mode,
-            s3_ca_bundle=c.s3_ca_bundle,
-            s3_probe_conditional_writes=probe,
-            read_only=read_only,
-        )
+        return await open_store(self.config, read_only=read_only, probe=probe)
 
     def _compose(self) -> None:
         c, state, clock = self.config, self.state, self.clock
