@@ -42,8 +42,8 @@ from . import s3_server
 from .terraform_hcl import TERRAFORM, Module, policy_json, render_policy
 
 ALL = ("moto", "moto-iam", "ceph-http", "ceph-https")
-# The fault and conformance tests: the IAM-enforced pass covers the cold tier, GC,
-# reconciliation and verify (see test_iam_policy.py), not every test twice on moto.
+# The conformance suite and the prefix-claim tests: the IAM-enforced pass covers the cold
+# tier, GC, reconciliation, verify and the fault tests (test_iam_policy.py), not every test.
 WITHOUT_IAM = ("moto", "ceph-http", "ceph-https")
 
 MOTO_IAM_SCRIPT = Path(__file__).resolve().parent / "moto_iam_server.py"

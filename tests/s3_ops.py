@@ -2,7 +2,8 @@
 
 ``install()`` wraps ``S3Store.open`` so every client the store opens gets a
 botocore ``before-call`` hook (aiobotocore emits the same events) that notes the
-operation's name (``PutObject``, ``ListObjectsV2``...). Only S3Store's clients
+operation's name (``PutObject``, ``ListObjectsV2``...; ``DeleteObject(VersionId)``
+when it names an object version, which IAM authorizes with another action). Only S3Store's clients
 are hooked: the bucket set-up and inspection tests do with their own boto3
 clients is not tiered's code and is not recorded.
 
@@ -37,8 +38,23 @@ def _note(operation: str) -> None:
             f.write(operation + "\n")
 
 
-def _before_call(model: Any, **_: Any) -> None:
-    _note(model.name)
+def _before_call(model: Any, params: Any = None, **_: Any) -> None:
+    _note(model.name + ("(VersionId)" if _names_a_version(params) else ""))
+
+
+def _names_a_version(request: Any) -> bool:
+    """A request on one object version needs other IAM actions (s3:GetObjectVersion...).
+
+    ``before-call`` carries the serialized request: the version is a query
+    parameter, or (DeleteObjects) an element of the XML body.
+    """
+    if not isinstance(request, dict):
+        return False
+    query = request.get("query_string") or {}
+    if isinstance(query, dict) and "versionId" in query:
+        return True
+    body = request.get("body")
+    return isinstance(body, bytes) and b"<VersionId>" in body
 
 
 def install() -> None:

@@ -15,8 +15,9 @@ fsync. Then a new service recovers the same data dir.
   else (appends, reads, flushes, erasure go on meanwhile) and changes nothing it should
   not; a later pass succeeds.
 
-The crash tests run on the local-dir store and on S3 (moto's server, Ceph RGW over HTTP and
-over HTTPS), so the S3 delete and list paths run for real. A real ``S3Store`` is also pointed at an endpoint that accepts
+The crash tests run on the local-dir store and on S3 (moto's server, moto as an IAM user
+holding only iam.tf's policy, Ceph RGW over HTTP and over HTTPS), so the S3 delete and list
+paths run for real. A real ``S3Store`` is also pointed at an endpoint that accepts
 connections and never answers (its own timeouts fire) and at a moto bucket that does not
 exist (every call errors). And one test SIGKILLs a real ``tiered serve`` right after an
 acknowledged erasure, then collects after the restart.
@@ -45,7 +46,7 @@ from tests.gc_support import (
     object_files,
 )
 from tests.http_helpers import request as http
-from tests.s3_backends import WITHOUT_IAM, backend_for
+from tests.s3_backends import ALL, backend_for
 from tests.server_process import ServerProcess
 from tiered.cold.keys import key_time_ms, new_object_key
 from tiered.cold.retry import RetryPolicy
@@ -107,12 +108,12 @@ class CrashingStore(ControlledStore):
 # --------------------------------------------------------------------------- stores
 
 
-@pytest.fixture(params=["local", *WITHOUT_IAM])
+@pytest.fixture(params=["local", *ALL])
 def config(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Config]:
-    """A node's config on the local store, or on an S3 store of s3_backends.py (moto, Ceph RGW
-    over HTTP and over HTTPS)."""
+    """A node's config on the local store, or on an S3 store of s3_backends.py (moto, moto with
+    iam.tf's policy enforced, Ceph RGW over HTTP and over HTTPS)."""
     if request.param == "local":
         yield make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
         return
