@@ -73,6 +73,7 @@ def make_listener(config: Config, handler: Handler) -> Listener:
 
 def run(config: Config) -> int:
     from tiered.cold.claim import PrefixClaimed
+    from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
@@ -84,7 +85,22 @@ def run(config: Config) -> int:
         pass
     try:
         asyncio.run(serve(config))
-    except (DataDirLocked, CorruptSegmentError, SnapshotError, PrefixClaimed, OSError) as exc:
+    except ConditionalWritesUnsupported as exc:
+        print(
+            f"tiered: cannot start: the object store does not enforce conditional writes: {exc}. "
+            "tiered relies on them (the one-server-per-prefix claim). Use a store that enforces them; only if "
+            "you accept the risk README.md describes, set s3_conditional_writes = 'off'.",
+            file=sys.stderr,
+        )
+        return 1
+    except (
+        DataDirLocked,
+        CorruptSegmentError,
+        SnapshotError,
+        PrefixClaimed,
+        ObjectStoreError,
+        OSError,
+    ) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
