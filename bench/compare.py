@@ -78,7 +78,13 @@ SERVER_LABELS = {
     "ref-file": "reference (file)",
     "tiered": "tiered (fsync)",
     "ref-mem": "reference (memory)",
+    "tiered-aiohttp": "tiered on aiohttp (fsync)",
+    "null-granian": "do-nothing (granian)",
+    "null-aiohttp": "do-nothing (aiohttp)",
 }
+#: Servers that only answer appends: the read phases are skipped for them.
+APPEND_ONLY = ("null-granian", "null-aiohttp")
+NULL_SERVER = str(Path(__file__).resolve().parent / "null_server.py")
 
 
 class ServerUnavailable(RuntimeError):
@@ -343,10 +349,38 @@ def ratio_rows(tiered: dict[str, Any] | None, ref: dict[str, Any] | None) -> lis
     return rows
 
 
-def format_ratios(rows: list[tuple[str, str, str, str]]) -> str:
+def other_ratio_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """tiered's appends/s over the other servers of the run, with the issue's targets."""
+    tiered = results.get("tiered", {}).get("median")
+    checks: list[tuple[str, str, str, Callable[[float], bool]]] = [
+        ("ref-mem", "reference in memory (moonshot)", ">= 1.0x", lambda r: r >= 1.0),
+        ("null-granian", "do-nothing handler, same stack", ">= 0.7x", lambda r: r >= 0.7),
+        ("tiered-aiohttp", "tiered on aiohttp", ">= 1.5x", lambda r: r >= 1.5),
+    ]
+    rows = []
+    for key, label, target, ok in checks:
+        other = results.get(key, {}).get("median")
+        t, o = _get(tiered, "append", "appends_per_s"), _get(other, "append", "appends_per_s")
+        if t is not None and o:
+            rows.append((label, f"{t / o:.2f}x", target, "PASS" if ok(t / o) else "FAIL"))
+    t = _get(tiered, "append", "appends_per_s")
+    for key in results:
+        if key.startswith("tiered@"):
+            o = _get(results[key].get("median"), "append", "appends_per_s")
+            if t is not None and o:
+                rows.append((f"tiered {key.removeprefix('tiered@')} (same run)", f"{t / o:.2f}x", "info", ""))
+    if "null-granian" in results and "null-aiohttp" in results:
+        g = _get(results["null-granian"].get("median"), "append", "appends_per_s")
+        a = _get(results["null-aiohttp"].get("median"), "append", "appends_per_s")
+        if g is not None and a:
+            rows.append(("(do-nothing granian / do-nothing aiohttp)", f"{g / a:.2f}x", "info", ""))
+    return rows
+
+
+def format_ratios(rows: list[tuple[str, str, str, str]], header: str = "tiered / reference (file)") -> str:
     """Render the ratio rows as a small table."""
-    header = ("tiered / reference (file)", "ratio", "target", "")
-    all_rows = [header, *rows]
+    header_row = (header, "ratio", "target", "")
+    all_rows = [header_row, *rows]
     widths = [max(len(r[i]) for r in all_rows) for i in range(4)]
     lines = []
     for i, r in enumerate(all_rows):
@@ -364,7 +398,30 @@ def format_ratios(rows: list[tuple[str, str, str, str]]) -> str:
 def build_specs(args: argparse.Namespace) -> dict[str, ServerSpec]:
     """Server specs for every known key."""
     script = args.reference_script
+    tiered_argv = [
+        *shlex.split(args.tiered_cmd),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--data-dir",
+        "{data_dir}",
+        *shlex.split(args.tiered_args),
+    ]
     return {
+        "tiered-aiohttp": ServerSpec(
+            "tiered-aiohttp", SERVER_LABELS["tiered-aiohttp"], [*tiered_argv, "--http-server", "aiohttp"]
+        ),
+        "null-granian": ServerSpec(
+            "null-granian",
+            SERVER_LABELS["null-granian"],
+            [sys.executable, NULL_SERVER, "--stack", "granian", "--port", "{port}"],
+        ),
+        "null-aiohttp": ServerSpec(
+            "null-aiohttp",
+            SERVER_LABELS["null-aiohttp"],
+            [sys.executable, NULL_SERVER, "--stack", "aiohttp", "--port", "{port}"],
+        ),
         "ref-file": ServerSpec(
             "ref-file",
             SERVER_LABELS["ref-file"],
@@ -378,21 +435,36 @@ def build_specs(args: argparse.Namespace) -> dict[str, ServerSpec]:
             env={"PORT": "{port}"},
             unset_env=("DATA_DIR",),
         ),
-        "tiered": ServerSpec(
-            "tiered",
-            SERVER_LABELS["tiered"],
-            [
-                *shlex.split(args.tiered_cmd),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "{port}",
-                "--data-dir",
-                "{data_dir}",
-                *shlex.split(args.tiered_args),
-            ],
-        ),
+        "tiered": ServerSpec("tiered", SERVER_LABELS["tiered"], tiered_argv),
+        **{
+            key: ServerSpec(
+                key,
+                f"tiered {key.removeprefix('tiered@')}",
+                [
+                    *shlex.split(cmd),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "{port}",
+                    "--data-dir",
+                    "{data_dir}",
+                    *shlex.split(args.tiered_args),
+                ],
+            )
+            for key, cmd in _other_tiereds(args).items()
+        },
     }
+
+
+def _other_tiereds(args: argparse.Namespace) -> dict[str, str]:
+    """``--other-tiered LABEL=CMD`` servers, keyed ``tiered@LABEL`` (another build to compare with)."""
+    out = {}
+    for spec in args.other_tiered:
+        label, sep, cmd = spec.partition("=")
+        if not sep or not label or not cmd:
+            raise SystemExit(f"--other-tiered wants LABEL=CMD, got {spec!r}")
+        out[f"tiered@{label}"] = cmd
+    return out
 
 
 def wait_for_idle(max_wait_s: float, busy_threshold: float = 15.0) -> float | None:
@@ -425,6 +497,8 @@ def run_one(
         print(f"[compare] {spec.label}: ready at {url} after {info['startup_s']:.1f}s", file=sys.stderr)
         cfg = config_from_args(args, url=url)
         cfg.measure_busy = False
+        if spec.key in APPEND_ONLY:
+            cfg.skip_catchup = cfg.skip_read = True
         try:
             cfg.validate()
         except ValueError as exc:
@@ -463,7 +537,8 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--servers",
         default="ref-file,tiered",
-        help="comma-separated servers in run order: ref-file, tiered, ref-mem (default ref-file,tiered)",
+        help="comma-separated servers in run order: ref-file, tiered, ref-mem, tiered-aiohttp, null-granian, "
+        "null-aiohttp (default ref-file,tiered)",
     )
     parser.add_argument("--memory", action="store_true", help="also run the in-memory reference (ref-mem)")
     parser.add_argument(
@@ -481,6 +556,14 @@ def _main(argv: list[str] | None) -> int:
         "--tiered-cmd", default="tiered serve", help="command that starts tiered (default 'tiered serve')"
     )
     parser.add_argument("--tiered-args", default="", help="extra arguments appended to the tiered command")
+    parser.add_argument(
+        "--other-tiered",
+        action="append",
+        default=[],
+        metavar="LABEL=CMD",
+        help="another tiered build to run in the same rounds as server key tiered@LABEL (e.g. "
+        'old="env PYTHONPATH=/tmp/old python3 -m tiered.cli serve"); repeatable',
+    )
     parser.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for a server (default 120)"
     )
@@ -509,6 +592,8 @@ def _main(argv: list[str] | None) -> int:
     keys = [k.strip() for k in args.servers.split(",") if k.strip()]
     if args.memory and "ref-mem" not in keys:
         keys.append("ref-mem")
+    for key in _other_tiereds(args):
+        SERVER_LABELS.setdefault(key, f"tiered {key.removeprefix('tiered@')}")
     unknown = [k for k in keys if k not in SERVER_LABELS]
     if unknown:
         parser.error(f"unknown server(s) {unknown}; choose from {sorted(SERVER_LABELS)}")
@@ -604,6 +689,10 @@ def _main(argv: list[str] | None) -> int:
         print()
         print(format_ratios(ratios))
         print(RATIO_FOOTNOTE)
+    others = other_ratio_rows(results)
+    if others:
+        print()
+        print(format_ratios(others, header="tiered's appends/s over"))
     for k in keys:
         if results[k]["errors"]:
             print(f"\n{results[k]['label']}: " + results[k]["errors"][0].splitlines()[0])
@@ -613,6 +702,9 @@ def _main(argv: list[str] | None) -> int:
             "servers": results,
             "ratios_tiered_over_ref_file": [
                 {"metric": m, "ratio": r, "target": t, "verdict": v} for m, r, t, v in (ratios or [])
+            ],
+            "appends_ratios_tiered_over_others": [
+                {"metric": m, "ratio": r, "target": t, "verdict": v} for m, r, t, v in others
             ],
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from .s3_ops import tiered_command
 
 
 def free_port() -> int:
@@ -35,9 +37,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         cmd = [
-            sys.executable,
-            "-m",
-            "tiered.cli",
+            *tiered_command(),  # the session records the S3 operations it makes (s3_ops.py)
             "serve",
             "--host",
             "127.0.0.1",
@@ -56,12 +56,18 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as resp:
+                with urllib.request.urlopen(
+                    self.url + "/healthz", timeout=1, context=self.ssl_context()
+                ) as resp:
                     if resp.status == 200:
                         return self
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"server did not come up:\n{self.log()}")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How to trust the server's certificate (plain HTTP: none needed)."""
+        return None
 
     def log(self) -> str:
         try:

@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .http_helpers import request
+from .http_helpers import Headers, request
 
 Respond = Callable[[int, dict[str, Any]], tuple[int, Any]]
 
@@ -110,15 +110,15 @@ def verify_signature(received: Received, jwks: dict[str, Any], window_s: int = 3
 
 def call(
     method: str, url: str, body: Any = None, token: str | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, Any, dict[str, str]]:
-    """A JSON request: (status, parsed body or None, headers)."""
+) -> tuple[int, Any, Headers]:
+    """A JSON request: (status, parsed body or None, headers (case-insensitive))."""
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     if token is not None:
         hdrs["Authorization"] = f"Bearer {token}"
     data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     status, resp_headers, raw = request(method, url, hdrs, data)
     parsed = json.loads(raw) if raw else None
-    return status, parsed, {k: v for k, v in resp_headers.items()}
+    return status, parsed, resp_headers
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

@@ -34,6 +34,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from email.message import Message
 from pathlib import Path
 
 import aiohttp
@@ -140,15 +141,16 @@ class Client:
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
         query: str = "",
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> tuple[int, Message, bytes]:
+        """(status, headers (case-insensitive), body)."""
         req = urllib.request.Request(
             f"{self.srv.url}/v1/stream/{name}{query}", data=data, method=method, headers=headers or {}
         )
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, dict(resp.headers), resp.read()
+                return resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read()
+            return exc.code, exc.headers, exc.read()
 
     def create(self, name: str) -> None:
         status, _, body = self.call("PUT", name, headers={"Content-Type": OCTET})

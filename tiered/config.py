@@ -25,6 +25,10 @@ ALL = ("serve", "verify", "gc")
 STORE = ALL
 OFFLINE_GC = ("serve", "gc")
 
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+CHECKSUM_MODES = ("auto", "when_supported", "when_required")
+CONDITIONAL_WRITES = ("probe", "off")
+
 
 def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
     """A configuration field: its default, what it does, and which commands use it (``--help`` shows only those)."""
@@ -35,6 +39,12 @@ def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
 class Config:
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(4437, "TCP port to listen on")
+    http_server: str = setting(
+        "granian",
+        "'granian' (HTTP/1.1 and HTTP/2, TLS; the faster, see docs/benchmarks.md) or 'aiohttp' (HTTP/1.1 only)",
+    )
+    tls_cert: str = setting("", "PEM certificate chain: serve HTTPS (HTTP/2 by ALPN) with --tls-key")
+    tls_key: str = setting("", "PEM private key for --tls-cert")
     data_dir: str = setting(
         "./tiered-data", "directory for hot segments, snapshots and the local object store", ALL
     )
@@ -75,8 +85,32 @@ class Config:
         "", "endpoint URL for S3-compatible stores (Ceph RGW, MinIO...); empty for AWS", STORE
     )
     s3_region: str = setting("", "S3 region (empty: from the AWS chain)", STORE)
-    s3_path_style: bool = setting(
-        False, "use path-style addressing, needed by many S3-compatible stores", STORE
+    s3_addressing_style: str = setting(
+        "auto",
+        "how the bucket is addressed: 'path' (https://host/bucket/key; most S3-compatible stores, Ceph RGW, "
+        "MinIO), 'virtual' (https://bucket.host/key) or 'auto' (virtual where the bucket name allows it)",
+        STORE,
+    )
+    s3_path_style: bool = setting(False, "deprecated: same as s3_addressing_style = 'path'", STORE)
+    s3_ca_bundle: str = setting(
+        "",
+        "PEM file of the CAs that sign the store's TLS certificate (a private CA); empty: the system's CAs "
+        "(or AWS_CA_BUNDLE)",
+        STORE,
+    )
+    s3_checksum_mode: str = setting(
+        "auto",
+        "request checksums: 'when_supported' (CRC32 on every upload, aws-chunked; AWS), 'when_required' "
+        "(Content-MD5 on every upload; what S3-compatible stores take, e.g. Ceph RGW over HTTPS), or 'auto' "
+        "(when_supported on AWS, when_required with s3_endpoint)",
+        STORE,
+    )
+    s3_conditional_writes: str = setting(
+        "probe",
+        "'probe': at start-up check with a throwaway object that the store refuses If-None-Match and stale "
+        "If-Match writes, and refuse to start if it ignores them; 'off': skip the check (UNSAFE on a store "
+        "that ignores them: a second server on the same prefix is not refused and deletes this one's objects; "
+        "see README)",
     )
     take_over_prefix: bool = setting(
         False,
@@ -125,6 +159,16 @@ class Config:
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
+        if self.http_server not in ("granian", "aiohttp"):
+            raise ConfigError("http_server must be 'granian' or 'aiohttp'")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_cert and self.http_server != "granian":
+            raise ConfigError("TLS is served by http_server = 'granian'")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"{name} {path!r} is not a readable file")
         if not 0 < self.port < 65536:
             raise ConfigError("port must be between 1 and 65535")
         if self.segment_bytes < 1 * MiB:
@@ -146,6 +190,19 @@ class Config:
             raise ConfigError("cold_store must be 'local' or 's3'")
         if self.cold_store == "s3" and not self.s3_bucket:
             raise ConfigError("cold_store = 's3' needs s3_bucket")
+        if self.s3_addressing_style not in ADDRESSING_STYLES:
+            raise ConfigError(f"s3_addressing_style must be one of {', '.join(ADDRESSING_STYLES)}")
+        if self.s3_path_style and self.s3_addressing_style not in ("auto", "path"):
+            raise ConfigError(
+                f"s3_path_style = true contradicts s3_addressing_style = {self.s3_addressing_style!r} "
+                "(s3_path_style is deprecated: set only s3_addressing_style)"
+            )
+        if self.s3_checksum_mode not in CHECKSUM_MODES:
+            raise ConfigError(f"s3_checksum_mode must be one of {', '.join(CHECKSUM_MODES)}")
+        if self.s3_conditional_writes not in CONDITIONAL_WRITES:
+            raise ConfigError(f"s3_conditional_writes must be one of {', '.join(CONDITIONAL_WRITES)}")
+        if self.s3_ca_bundle and not Path(self.s3_ca_bundle).is_file():
+            raise ConfigError(f"s3_ca_bundle: no such file: {self.s3_ca_bundle}")
         if self.flush_interval_s <= 0 or self.flush_bytes <= 0 or self.cold_object_bytes <= 0:
             raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
         if self.gc_interval_s <= 0 or self.gc_grace_s < 0 or self.gc_max_objects_per_pass <= 0:
@@ -160,6 +217,19 @@ class Config:
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
+
+    @property
+    def s3_addressing(self) -> str:
+        """The addressing style in effect, with the deprecated ``s3_path_style`` folded in."""
+        return "path" if self.s3_path_style else self.s3_addressing_style
+
+    def deprecations(self) -> list[str]:
+        """Settings in use that are deprecated, each with what to use instead (logged at start-up)."""
+        if self.s3_path_style:
+            return [
+                "s3_path_style is deprecated: use s3_addressing_style = 'path' (--s3-addressing-style path)"
+            ]
+        return []
 
     def admin_token(self, env: Mapping[str, str] | None = None) -> str | None:
         """The admin bearer token: from a file, or ``TIERED_ADMIN_TOKEN`` (never a flag value)."""

@@ -55,6 +55,38 @@ def new_state() -> StreamState:
     return StreamState([GroupsState(), SubscriptionState()])
 
 
+async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectStore:
+    """The configured object store; with ``probe`` an S3 store must first pass the conditional-write probe.
+
+    Only ``serve`` probes: it writes the create-only prefix claim and relies on
+    it. A store that ignores conditional writes raises
+    ``ConditionalWritesUnsupported`` here and the server refuses to start.
+    ``read_only`` (verify, dry runs) writes nothing and refuses writes.
+    """
+    c = config
+    if c.cold_store == "s3":
+        for message in c.deprecations():
+            log.warning("%s", message)
+        if not probe and not read_only and c.s3_conditional_writes == "off":
+            log.warning(
+                "s3_conditional_writes = 'off': the object store's conditional writes are not checked; "
+                "on a store that ignores them the prefix claim does not stop a second server"
+            )
+    return await open_object_store(
+        c.cold_store,
+        local_root=c.data_path / "cold",
+        s3_bucket=c.s3_bucket,
+        s3_prefix=c.s3_prefix,
+        s3_endpoint=c.s3_endpoint,
+        s3_region=c.s3_region,
+        s3_addressing_style=c.s3_addressing,
+        s3_checksum_mode="" if c.s3_checksum_mode == "auto" else c.s3_checksum_mode,
+        s3_ca_bundle=c.s3_ca_bundle,
+        s3_probe_conditional_writes=probe,
+        read_only=read_only,
+    )
+
+
 class Node:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
@@ -83,7 +115,7 @@ class Node:
         c = self.config
         await self._recover(read_only=False)
         self.journal.start()
-        self.store = await self._open_store(read_only=False)
+        self.store = await self._open_store(read_only=False, probe=c.s3_conditional_writes == "probe")
         identity = load_identity(c.data_path, create=True)
         assert identity is not None
         self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()), clock=self.clock)
@@ -104,7 +136,7 @@ class Node:
             self.journal.read_only = True  # any record would be refused, loudly
         else:
             self.journal.start()
-        self.store = await self._open_store(read_only=dry_run)
+        self.store = await self._open_store(read_only=dry_run, probe=False)
         identity = load_identity(c.data_path, create=False)
         if identity is not None:
             self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()), clock=self.clock)
@@ -161,18 +193,8 @@ class Node:
             None, lambda: self.journal.recover(read_only=read_only, new_state=new_state)
         )
 
-    async def _open_store(self, *, read_only: bool) -> ObjectStore:
-        c = self.config
-        return await open_object_store(
-            c.cold_store,
-            local_root=c.data_path / "cold",
-            s3_bucket=c.s3_bucket,
-            s3_prefix=c.s3_prefix,
-            s3_endpoint=c.s3_endpoint,
-            s3_region=c.s3_region,
-            s3_path_style=c.s3_path_style,
-            read_only=read_only,
-        )
+    async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
+        return await open_store(self.config, read_only=read_only, probe=probe)
 
     def _compose(self) -> None:
         c, state, clock = self.config, self.state, self.clock

@@ -6,11 +6,13 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
+from typing import Protocol
 
 from tiered.config import Config
 from tiered.datadir import DataDirLock, DataDirLocked
-from tiered.http.aiohttp_server import AiohttpListener
 from tiered.http.app import build_handler
+from tiered.http.types import Handler
 from tiered.node import Node
 
 log = logging.getLogger(__name__)
@@ -23,10 +25,12 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     node = Node(config)
     try:
         await node.start()
-        listener = AiohttpListener(build_handler(node), max_body_bytes=config.max_body_bytes)
+        listener = make_listener(config, build_handler(node))
+        scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
             print(
-                f"tiered listening on http://{host}:{port} (data dir {config.data_path.resolve()})",
+                f"tiered listening on {scheme}://{host}:{port} ({config.http_server}; "
+                f"data dir {config.data_path.resolve()})",
                 flush=True,
             )
         stop = asyncio.Event()
@@ -44,8 +48,32 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         lock.release()
 
 
+class Listener(Protocol):
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]: ...
+    async def stop(self, timeout: float = 5.0) -> None: ...
+
+
+def make_listener(config: Config, handler: Handler) -> Listener:
+    """The configured HTTP server adapter; both serve the same handler."""
+    if config.http_server == "aiohttp":
+        from tiered.http.aiohttp_server import AiohttpListener
+
+        return AiohttpListener(handler, max_body_bytes=config.max_body_bytes)
+    from tiered.http.rsgi_server import RsgiListener
+
+    return RsgiListener(
+        handler,
+        max_body_bytes=config.max_body_bytes,
+        # Live readers beyond max_waiters get a 503 from the service, so let them reach it.
+        max_connections=config.max_waiters + 1024,
+        tls_cert=Path(config.tls_cert) if config.tls_cert else None,
+        tls_key=Path(config.tls_key) if config.tls_key else None,
+    )
+
+
 def run(config: Config) -> int:
     from tiered.cold.claim import PrefixClaimed
+    from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
@@ -57,7 +85,22 @@ def run(config: Config) -> int:
         pass
     try:
         asyncio.run(serve(config))
-    except (DataDirLocked, CorruptSegmentError, SnapshotError, PrefixClaimed, OSError) as exc:
+    except ConditionalWritesUnsupported as exc:
+        print(
+            f"tiered: cannot start: the object store does not enforce conditional writes: {exc}. "
+            "tiered relies on them (the one-server-per-prefix claim). Use a store that enforces them; only if "
+            "you accept the risk README.md describes, set s3_conditional_writes = 'off'.",
+            file=sys.stderr,
+        )
+        return 1
+    except (
+        DataDirLocked,
+        CorruptSegmentError,
+        SnapshotError,
+        PrefixClaimed,
+        ObjectStoreError,
+        OSError,
+    ) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -41,7 +41,8 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 class Router:
     def __init__(self) -> None:
-        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        # (literal prefix, pattern, handlers by method): the prefix check skips most regexes.
+        self._routes: list[tuple[str, re.Pattern[str], dict[str, Handler]]] = []
         self._by_pattern: dict[str, dict[str, Handler]] = {}
 
     def add(self, methods: str, pattern: str, handler: Handler) -> None:
@@ -49,13 +50,15 @@ class Router:
         table = self._by_pattern.get(pattern)
         if table is None:
             table = self._by_pattern[pattern] = {}
-            self._routes.append((_compile(pattern), table))
+            self._routes.append((pattern.split("{", 1)[0], _compile(pattern), table))
         for method in methods.split():
             table[method] = handler
 
     async def __call__(self, request: Request) -> Response:
         path = request.path = normalize_path(request.path)
-        for rx, table in self._routes:
+        for prefix, rx, table in self._routes:
+            if not path.startswith(prefix):
+                continue
             m = rx.fullmatch(path)
             if m is None:
                 continue

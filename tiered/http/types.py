@@ -8,10 +8,13 @@ iterator of byte chunks (SSE), which the adapter writes as they come.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl
 
 from tiered.errors import ErrorCode, TieredError
+
+_HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
 class Request:
@@ -43,6 +46,17 @@ class Request:
     async def body(self) -> bytes:
         """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``)."""
         return await self._read()
+
+    @property
+    def origin(self) -> str | None:
+        """``scheme://host[:port]`` this request was sent to, or ``None`` when the Host is not a valid one.
+
+        The Host header is the client's word: it may only shape URLs we answer
+        with when it is a plain host name or address (no other bytes).
+        """
+        if not _HOST.fullmatch(self.host):
+            return None
+        return f"{self.scheme}://{self.host}"
 
     @property
     def query(self) -> dict[str, str]:

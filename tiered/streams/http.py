@@ -36,6 +36,10 @@ _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-Fro
 
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
 
+#: Decoded and validated stream addresses by raw request path: clients send the
+#: same few URLs over and over, and decoding plus validating costs more than a lookup.
+ADDRESS_CACHE_SIZE = 8192
+
 
 def decode_path(raw: str) -> str:
     """Percent-decode strictly: invalid UTF-8 must not alias onto U+FFFD names."""
@@ -94,6 +98,7 @@ class StreamRoutes:
             "PUT": self.create,
             "DELETE": self.delete,
         }
+        self._addresses: dict[str, tuple[str, str]] = {}
 
     def install(self, router: Router) -> None:
         router.add("*", "/v1/stream/{path...}", self.dispatch)
@@ -107,7 +112,13 @@ class StreamRoutes:
                 f"method {request.method} is not allowed on a stream",
                 allow="GET, HEAD, PUT, POST, DELETE",
             )
-        bucket, path = stream_address(decode_path(request.path))
+        address = self._addresses.get(request.path)
+        if address is None:
+            address = stream_address(decode_path(request.path))  # 400 on a bad name: never cached
+            if len(self._addresses) >= ADDRESS_CACHE_SIZE:
+                self._addresses.clear()
+            self._addresses[request.path] = address
+        bucket, path = address
         headers = request.headers
         for name in _TEXT_HEADERS:
             value = headers.get(name)
@@ -134,7 +145,8 @@ class StreamRoutes:
         if v.closed:
             headers["Stream-Closed"] = "true"
         if created:
-            headers["Location"] = f"{request.scheme}://{request.host}{request.path}"
+            # Absolute when the Host is sound, else relative (RFC 9110 allows both).
+            headers["Location"] = (request.origin or "") + request.path
         return Response(201 if created else 200, headers)
 
     async def _fork_request(self, h: Mapping[str, str]) -> ForkRequest | None:

@@ -67,7 +67,8 @@ class SubscriptionRoutes:
         router.add("*", CONTROL_PREFIX + "/{tail...}", self.dispatch)
 
     def _base_url(self, request: Request) -> str:
-        return self.service.base_url(f"{request.scheme}://{request.host}")
+        # An unsound Host header gives relative URLs rather than echoing its bytes.
+        return self.service.base_url(request.origin or "")
 
     def _jwks_url(self, request: Request) -> str:
         return self._base_url(request) + CONTROL_PREFIX + JWKS_PATH
