@@ -157,9 +157,29 @@ def test_memory_store_faults_do_what_real_stores_do() -> None:
     run(scenario())
 
 
-def test_the_adapter_refuses_a_store_without_compare_and_set(tmp_path: Path) -> None:
+def test_the_adapter_refuses_a_store_without_compare_and_set() -> None:
+    class PutOnly:
+        async def put(self, key: str, data: bytes) -> None: ...
+
     with pytest.raises(ValueError, match="compare-and-set"):
-        ObjectStoreCas(LocalDirStore(tmp_path))
+        ObjectStoreCas(PutOnly())  # type: ignore[arg-type]
+
+
+def test_the_adapter_over_the_local_directory_store(tmp_path: Path) -> None:
+    """Every ObjectStore has conditional writes now; the local one serves the protocol too."""
+
+    async def scenario() -> None:
+        cas = ObjectStoreCas(LocalDirStore(tmp_path))
+        etag = await cas.put_if_absent("k", b"one")
+        with pytest.raises(AlreadyExists):
+            await cas.put_if_absent("k", b"two")
+        etag2 = await cas.put_if_match("k", b"two", etag)
+        with pytest.raises(PreconditionFailed):
+            await cas.put_if_match("k", b"three", etag)
+        got = await cas.get("k")
+        assert got is not None and got.data == b"two" and got.etag == etag2
+
+    run(scenario())
 
 
 # -- keys -----------------------------------------------------------------------------------

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from tiered.cold.s3 import PreconditionFailed as S3PreconditionFailed
 from tiered.cold.store import ObjectExists, ObjectNotFound, ObjectStore, ObjectStoreError
+from tiered.cold.store import PreconditionFailed as S3PreconditionFailed
 
 __all__ = [
     "AlreadyExists",
@@ -185,7 +185,7 @@ class ObjectStoreCas:
     async def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         put = self._store.put
         try:
-            info = await put(key, data, if_match=etag)  # type: ignore[call-arg]
+            info = await put(key, data, if_match=etag)
         except S3PreconditionFailed as exc:
             if exc.outcome_unknown:
                 raise OutcomeUnknown(key, str(exc)) from exc

@@ -33,11 +33,14 @@ import logging
 from collections.abc import Callable
 
 from tiered.clock import Clock, SystemClock
+from tiered.cold.store import ObjectStore
 from tiered.config import Config
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
 
 from .manifest import ManifestEntry
+from .node_shell import ClusterNode
+from .wal import WalShipper
 
 __all__ = ["ShardHost", "shard_config"]
 
@@ -65,6 +68,7 @@ class ShardHost:
         *,
         jobs: bool = True,
         engine_factory: Callable[[Config, Clock], Node] = Node,
+        object_store: bool = False,
     ) -> None:
         self.base = base
         self.node_id = node_id
@@ -74,6 +78,11 @@ class ShardHost:
         self.engines: dict[int, Node] = {}
         self.epochs: dict[int, int] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        # Object-store durability (``wal.py``): the shared store, the cluster node and one shipper per shard.
+        self.object_store = object_store
+        self.store: ObjectStore | None = None
+        self.cluster: ClusterNode | None = None
+        self.shippers: dict[int, WalShipper] = {}
 
     def engine(self, shard: int) -> Node:
         """The engine serving ``shard`` here; the cluster's ``may_acknowledge`` gates its writes."""

@@ -3,7 +3,9 @@
 Order of routes (first match wins): the reserved subscription APIs
 (``/v1/stream/__ds``) before streams, then buckets, groups, admin and
 operations. Middleware, outermost first: security headers (on every
-response), CORS preflight, error mapping.
+response), CORS preflight, error mapping; in cluster mode then shard routing
+(``shard_routing.py``: each request to its shard's engine, here or forwarded
+to the shard's owner), in front of one router per served shard's engine.
 """
 
 from __future__ import annotations
@@ -22,13 +24,41 @@ from .cors import cors_preflight
 from .errors import map_errors
 from .router import Router
 from .security_headers import security_headers
-from .types import Handler
+from .shard_routing import shard_routing
+from .types import Handler, Request, Response, json_response
 
 if TYPE_CHECKING:
+    from tiered.cluster.server import ClusterServer
     from tiered.node import Node
 
 
 def build_handler(node: Node) -> Handler:
+    return security_headers(cors_preflight(map_errors(build_router(node))))
+
+
+def build_cluster_handler(cluster: ClusterServer) -> Handler:
+    """Cluster mode: the same middleware around shard routing; one router per served shard's engine."""
+    node_router = Router()
+
+    async def health(request: Request) -> Response:
+        # 503 until the node joined and took its first shards, so start-up scripts wait for that.
+        return json_response(
+            {"ok": cluster.started, "node": cluster.node_id}, 200 if cluster.started else 503
+        )
+
+    async def ready(request: Request) -> Response:
+        ok, checks = cluster.readiness()
+        return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
+
+    node_router.add("GET", "/healthz", health)
+    node_router.add("GET", "/readyz", ready)
+    return security_headers(
+        cors_preflight(map_errors(shard_routing(cluster, build_router, cluster.forwarder, node_router)))
+    )
+
+
+def build_router(node: Node) -> Router:
+    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
     c = node.config
     guard = AdminGuard(c.admin_token(), loopback_only=c.loopback_only)
     router = Router()
@@ -50,4 +80,4 @@ def build_handler(node: Node) -> Handler:
         lambda: render_metrics(node),
         lambda: node.journal.failed is None,
     ).install(router)
-    return security_headers(cors_preflight(map_errors(router)))
+    return router

@@ -74,6 +74,8 @@ STATUS: dict[ErrorCode, int] = {
     C.STORE_UNAVAILABLE: 503,
     C.COLD_NOT_READY: 503,
     C.UNAVAILABLE: 503,
+    C.SHARD_NOT_OWNED: 503,  # cluster: no valid lease here (yet); the owner or a retry will answer
+    C.SHARD_FENCED: 503,  # cluster: a higher epoch took the shard over; retry reaches the new owner
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -82,6 +84,8 @@ RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.STORE_UNAVAILABLE: 2,
     C.COLD_NOT_READY: 1,
     C.UNAVAILABLE: 5,
+    C.SHARD_NOT_OWNED: 1,
+    C.SHARD_FENCED: 1,
 }
 _encode = msgspec.json.Encoder().encode
 
