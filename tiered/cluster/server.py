@@ -48,7 +48,8 @@ class ClusterServer:
         self.store: ObjectStore | None = None
         self.node: ClusterNode | None = None
         self.advertise_url = ""
-        self.forwarder = Forwarder(self.node_id)
+        # A forwarded long-poll waits up to long_poll_timeout_s for its first byte.
+        self.forwarder = Forwarder(self.node_id, read_timeout_s=max(30.0, config.long_poll_timeout_s + 10))
         self.started = False  # joined, and waited (bounded) for its first shards
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -141,8 +142,19 @@ class ClusterServer:
         self.node.may_acknowledge(shard)
 
     def owner_url(self, shard: int) -> tuple[str, str] | None:
-        """(node id, advertised URL) of the shard's current lease holder, as last read."""
-        return None if self.node is None else self.node.owner_of(shard)
+        """(node id, advertised URL) of the shard's lease holder, as last read; None if free or not alive.
+
+        A holder whose heartbeat stopped changing is not forwarded to: it may be
+        paused with its socket open, and a request to it would hang until it
+        resumes, when it must refuse anyway. The client retries after the takeover.
+        """
+        node = self.node
+        if node is None:
+            return None
+        owner = node.owner_of(shard)
+        if owner is None or owner[0] == self.node_id:
+            return owner
+        return owner if node.view.alive(owner[0], self.clock.monotonic()) else None
 
     async def durable(self, shard: int) -> None:
         """Object-store mode: wait until everything this shard acknowledged so far is in a WAL object."""
