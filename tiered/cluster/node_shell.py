@@ -110,6 +110,9 @@ class NodeConfig:
     durability, where a shard's state is on its last writer's disk) a shard
     stays with its holder until it stops or dies, a released shard is left to
     its last writer while that node is alive, and that node takes it back.
+    ``serve_in_background`` runs ``ShardHooks.serve`` (an engine's start, a
+    restore from the store) beside the loop, so beats never wait for it; the
+    shard is served once it finished.
     """
 
     node_id: str
@@ -119,6 +122,7 @@ class NodeConfig:
     beat_interval_s: float | None = None
     max_writes_per_tick: int = 16
     rebalance: bool = True
+    serve_in_background: bool = False
 
     def __post_init__(self) -> None:
         if not _NODE_ID.fullmatch(self.node_id):
@@ -219,6 +223,7 @@ class ClusterNode:
         self._next_beat_at = -math.inf
         self._commit_locks: dict[int, asyncio.Lock] = {}
         self.declined: dict[int, float] = {}  # shard -> until when this node will not take it
+        self._serve_tasks: dict[int, asyncio.Task[None]] = {}
 
     # -- what the data plane asks ---------------------------------------------------------
 
@@ -263,7 +268,15 @@ class ClusterNode:
             return await self._commit(shard, payload)
 
     async def _commit(self, shard: int, payload: bytes) -> ManifestEntry:
-        self.may_acknowledge(shard)
+        hold = self.holds.get(shard)
+        if (
+            hold is not None
+            and hold.state is HoldState.RELEASING
+            and self.window.allows(self.clock.monotonic())
+        ):
+            pass  # the flush before a handoff commits what was written; nothing new is acknowledged
+        else:
+            self.may_acknowledge(shard)
         writer = self.writers[shard]
         try:
             if writer.pending is not None:
@@ -790,16 +803,46 @@ class ClusterNode:
                 self._drop(shard, exc.message)
                 return
             if writer.fenced:
-                await self.hooks.serve(shard, hold.epoch)  # phase 2: replay the chain up to the fence
-                hold.state = HoldState.SERVING
-                log.info(
-                    "node %s serves shard %d at epoch %d (fence at %s)",
-                    self.node_id,
-                    shard,
-                    hold.epoch,
-                    writer.fence_seq,
-                )
+                if self.config.serve_in_background:
+                    self._start_serving(shard, hold)
+                else:
+                    await self.hooks.serve(shard, hold.epoch)  # replay the chain up to the fence
+                    self._now_serving(shard, hold)
                 return
+
+    def _now_serving(self, shard: int, hold: Hold) -> None:
+        hold.state = HoldState.SERVING
+        log.info(
+            "node %s serves shard %d at epoch %d (fence at %s)",
+            self.node_id,
+            shard,
+            hold.epoch,
+            self.writers[shard].fence_seq,
+        )
+
+    def _start_serving(self, shard: int, hold: Hold) -> None:
+        """Run ``hooks.serve`` beside the loop (a restore can outlast a beat interval); serve when it is done."""
+        task = self._serve_tasks.get(shard)
+        if task is not None and not task.done():
+            return
+
+        def done(task: asyncio.Task[None]) -> None:
+            if self._serve_tasks.get(shard) is task:
+                del self._serve_tasks[shard]
+            exc = None if task.cancelled() else task.exception()
+            current = self.holds.get(shard)
+            if current is not hold:
+                if current is None:
+                    self.hooks.stopped(shard, "dropped while starting")
+                return
+            if exc is not None or task.cancelled():
+                self._drop(shard, f"could not start serving: {exc!r}")
+            elif hold.state is HoldState.FENCING:
+                self._now_serving(shard, hold)
+
+        task = asyncio.get_running_loop().create_task(self.hooks.serve(shard, hold.epoch))
+        self._serve_tasks[shard] = task
+        task.add_done_callback(done)
 
     async def _prepared(self, shard: int, hold: Hold, latest: ManifestEntry | None) -> bool:
         """Ask the data plane before fencing; on a refusal give the lease back and decline the shard."""

@@ -69,6 +69,7 @@ class ClusterServer:
                 timing,
                 shard_count=c.cluster_shards,
                 rebalance=self.object_store,
+                serve_in_background=True,
             ),
             self.clock,
             hooks=self.host,

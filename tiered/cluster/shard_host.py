@@ -40,7 +40,8 @@ from tiered.node import Node
 
 from .manifest import ManifestEntry
 from .node_shell import ClusterNode
-from .wal import WalShipper
+from .wal import WalShipper, restore
+from .wal_index import WalIndex
 
 __all__ = ["ShardHost", "shard_config"]
 
@@ -56,6 +57,8 @@ def shard_config(base: Config, shard: int) -> Config:
         data_dir=str(base.data_path / "shards" / name),
         s3_prefix=prefix,
         take_over_prefix=True,  # the lease decided; the previous holder stops at its next claim check
+        # Object-store durability acknowledges after the WAL object, not after a local fsync.
+        fsync="interval" if base.durability == "object-store" else base.fsync,
     )
 
 
@@ -99,6 +102,8 @@ class ShardHost:
     # -- ShardHooks ---------------------------------------------------------------------
 
     async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
+        if self.object_store:
+            return  # everything acknowledged is in the store: any node can serve the shard
         if latest is not None and latest.writer != self.node_id:
             raise TieredError(
                 ErrorCode.SHARD_NOT_OWNED,
@@ -113,9 +118,17 @@ class ShardHost:
         await self._wait_closed()  # a previous engine of this shard must have let go of its directory
         if shard in self.engines:
             self.epochs[shard] = epoch
+            shipper = self.shippers.get(shard)
+            if shipper is not None:
+                shipper.epoch = epoch
             return
         config = shard_config(self.base, shard)
         config.data_path.mkdir(parents=True, exist_ok=True)
+        index: WalIndex | None = None
+        if self.object_store:
+            assert self.store is not None and self.cluster is not None
+            # The store holds the truth; the local directory is a cache, rebuilt from the chain.
+            index = await restore(self.store, self.cluster.store, shard, config.data_path)
         node = self.engine_factory(config, self.clock)
         try:
             await node.start(jobs=self.jobs)
@@ -124,6 +137,20 @@ class ShardHost:
             raise
         self.engines[shard] = node
         self.epochs[shard] = epoch
+        if index is not None:
+            assert self.store is not None and self.cluster is not None
+            shipper = WalShipper(
+                shard,
+                epoch,
+                config.data_path,
+                self.store,
+                self.cluster,
+                index,
+                self.clock,
+                interval_s=self.base.cluster_wal_interval_ms / 1000,
+            )
+            shipper.start()
+            self.shippers[shard] = shipper
         log.info("shard %d: engine started at epoch %d in %s", shard, epoch, config.data_path)
 
     async def flush(self, shard: int) -> None:
@@ -132,10 +159,19 @@ class ShardHost:
             return
         await node.journal.flushed()
         await node.journal.snapshot(node.state)
+        shipper = self.shippers.get(shard)
+        if shipper is not None:
+            await shipper.flush()  # the snapshot and everything before it, in the store for the next owner
 
     def stopped(self, shard: int, reason: str) -> None:
         node = self.engines.pop(shard, None)
         self.epochs.pop(shard, None)
+        shipper = self.shippers.pop(shard, None)
+        if shipper is not None:
+            shipper.closed = True  # refuse new waits now; close() fails the ones waiting
+            task = asyncio.get_running_loop().create_task(shipper.close(reason))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         if node is None:
             return
         # Stop taking requests now; closing (jobs, journal, store) finishes in the background.
