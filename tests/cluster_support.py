@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -52,9 +53,20 @@ def cluster_env() -> dict[str, str]:
 
 
 def start_node(
-    base: Path, s3: S3Endpoint, prefix: str, node_id: str, port: int | None = None, **kw: object
+    base: Path,
+    s3: S3Endpoint,
+    prefix: str,
+    node_id: str,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    **kw: object,
 ) -> ServerProcess:
-    srv = ServerProcess(base / node_id, *cluster_args(s3, prefix, node_id, **kw), env=cluster_env())  # type: ignore[arg-type]
+    """Start (or restart, same data dir) node ``node_id``; ``env``: the store's credentials (moto's by default)."""
+    srv = ServerProcess(
+        base / node_id,
+        *cluster_args(s3, prefix, node_id, **kw),  # type: ignore[arg-type]
+        env=env if env is not None else cluster_env(),
+    )
     if port is not None:
         srv.port = port
     return srv.start(timeout=40)
@@ -82,3 +94,24 @@ def cluster_module_server(
         yield srv
     finally:
         srv.stop()
+
+
+def serving(srv: ServerProcess) -> set[int]:
+    try:
+        return set(readiness(srv.url)["checks"]["serving"])  # type: ignore[index,call-overload]
+    except OSError:
+        return set()
+
+
+def wait_served(
+    nodes: list[ServerProcess], shards: int, timeout: float, *, every_node: bool = False
+) -> list[set[int]]:
+    """Wait (bounded) until every shard is served by one of ``nodes`` (and, optionally, each node serves some)."""
+    deadline = time.monotonic() + timeout
+    sets: list[set[int]] = []
+    while time.monotonic() < deadline:
+        sets = [serving(n) for n in nodes]
+        if set().union(*sets) == set(range(shards)) and (not every_node or all(sets)):
+            break
+        time.sleep(0.1)
+    return sets

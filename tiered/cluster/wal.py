@@ -221,8 +221,8 @@ class WalShipper:
             except TieredError as exc:
                 self._fail(waiting, exc)
                 continue
-            except (ObjectStoreError, OSError) as exc:
-                log.warning("shard %d: WAL ship failed: %s", self.shard, exc)
+            except Exception as exc:  # the store, the disk, or a bug: fail these writes, keep shipping
+                log.warning("shard %d: WAL ship failed: %r", self.shard, exc)
                 self._fail(
                     waiting,
                     TieredError(
