@@ -20,9 +20,10 @@ import asyncio
 import logging
 from typing import Any
 
+from tiered.admin.metrics import Metrics
+from tiered.admin.timed import TimedFlusher, TimedStore
 from tiered.cold.backends import open_object_store
 from tiered.cold.claim import PrefixClaim, load_identity
-from tiered.cold.flusher import ColdFlusher
 from tiered.cold.health import StoreHealth
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectStore
@@ -60,12 +61,14 @@ class Node:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         data = config.data_path
+        self.metrics = Metrics()
         self.log = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
         self.journal = Journal(
             self.log,
             SnapshotStore(data / "snapshots"),
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
+            sync_seconds=self.metrics.fsync_seconds,
         )
         self.tasks = BackgroundTasks()
         self.store_health = StoreHealth(clock=self.clock.monotonic)
@@ -163,7 +166,7 @@ class Node:
 
     async def _open_store(self, *, read_only: bool) -> ObjectStore:
         c = self.config
-        return await open_object_store(
+        store = await open_object_store(
             c.cold_store,
             local_root=c.data_path / "cold",
             s3_bucket=c.s3_bucket,
@@ -173,6 +176,7 @@ class Node:
             s3_path_style=c.s3_path_style,
             read_only=read_only,
         )
+        return TimedStore(store, self.metrics.store_operations)
 
     def _compose(self) -> None:
         c, state, clock = self.config, self.state, self.clock
@@ -199,9 +203,10 @@ class Node:
             clock,
             max_hot_bytes=c.max_hot_bytes,
             flush_bytes=c.flush_bytes,
+            append_seconds=self.metrics.append_seconds,
         )
         self.reaper = SegmentReaper(self.journal, state, clock, offline=self.offline)
-        self.flusher = ColdFlusher(
+        self.flusher = TimedFlusher(
             state,
             lambda s: self.visibility.view(s).tail,
             self.committer,
@@ -215,6 +220,7 @@ class Node:
             hot_retention_s=c.hot_retention_s,
             claim=self.claim,
         )
+        self.flusher.pass_seconds = self.metrics.cold_flush_seconds
         self.streams.kick_flush = self.flusher.kick
         reaper = self.reaper
         self.gc = GcRunner(
@@ -232,6 +238,7 @@ class Node:
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
+            pass_seconds=self.metrics.gc_pass_seconds,
         )
         self.subscriptions = SubscriptionService(
             state,
@@ -245,6 +252,7 @@ class Node:
         )
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
+        self.metrics.watch(self)
         self._composed = True
 
     async def _snapshots(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.admin.http import AdminRoutes
-from tiered.admin.metrics import render_metrics
 from tiered.buckets.http import BucketRoutes
 from tiered.groups.http import GroupRoutes
 from tiered.streams.http import StreamRoutes
@@ -47,7 +46,7 @@ def build_handler(node: Node) -> Handler:
         node.gc,
         guard,
         node.readiness,
-        lambda: render_metrics(node),
+        node.metrics.exposition,
         lambda: node.journal.failed is None,
     ).install(router)
     return security_headers(cors_preflight(map_errors(router)))

@@ -18,9 +18,23 @@ _HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5
 
 
 class Request:
-    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded."""
+    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.
 
-    __slots__ = ("method", "path", "query_string", "headers", "scheme", "host", "params", "_read", "_query")
+    The router fills in ``params`` and ``route`` (the matched route's name, for metrics).
+    """
+
+    __slots__ = (
+        "method",
+        "path",
+        "query_string",
+        "headers",
+        "scheme",
+        "host",
+        "params",
+        "route",
+        "_read",
+        "_query",
+    )
 
     def __init__(
         self,
@@ -40,6 +54,7 @@ class Request:
         self.scheme = scheme
         self.host = host
         self.params: dict[str, str] = {}
+        self.route = "unmatched"  # until a route matches (or the CORS preflight answers)
         self._read = read
         self._query: dict[str, str] | None = None
 
