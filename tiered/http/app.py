@@ -2,8 +2,9 @@
 
 Order of routes (first match wins): the reserved subscription APIs
 (``/v1/stream/__ds``) before streams, then buckets, groups, admin and
-operations. Middleware, outermost first: security headers (on every
-response), CORS preflight, error mapping.
+operations. Middleware, outermost first: request ids (for every log line and
+response; it also hands each answer to the request metrics), security headers
+(on every response), CORS preflight, error mapping.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tiered.subscriptions.http import SubscriptionRoutes
 from .admin_auth import AdminGuard
 from .cors import cors_preflight
 from .errors import map_errors
+from .request_id import request_ids
 from .router import Router
 from .security_headers import security_headers
 from .types import Handler
@@ -49,4 +51,5 @@ def build_handler(node: Node) -> Handler:
         node.metrics.exposition,
         lambda: node.journal.failed is None,
     ).install(router)
-    return security_headers(cors_preflight(map_errors(router)))
+    chain = security_headers(cors_preflight(map_errors(router)))
+    return request_ids(chain, on_answer=node.metrics.count_answer)

@@ -4,11 +4,17 @@ Patterns are literal segments and ``{name}`` (one segment) or ``{name...}``
 (the rest of the path, any characters, including encoded newlines, so bad
 names reach validation and a 400 rather than missing the route). Routes are
 tried in the order added: put the hottest first.
+
+Every route has a label, its name in metrics (``tiered_http_requests_total``):
+the pattern, unless the route names itself (stream operations share one
+pattern and are labelled ``append``, ``read``...). A request no route matches
+is labelled ``unmatched``. Labels never hold anything the client sent.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from tiered.errors import ErrorCode, TieredError
 
@@ -39,30 +45,39 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+class Route(NamedTuple):
+    handler: Handler
+    label: str
+
+
 class Router:
     def __init__(self) -> None:
-        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
-        self._by_pattern: dict[str, dict[str, Handler]] = {}
+        self._routes: list[tuple[re.Pattern[str], str, dict[str, Route]]] = []
+        self._by_pattern: dict[str, dict[str, Route]] = {}
 
-    def add(self, methods: str, pattern: str, handler: Handler) -> None:
-        """``methods``: space-separated, or ``*`` for any (the handler then checks)."""
+    def add(self, methods: str, pattern: str, handler: Handler, *, label: str | None = None) -> None:
+        """``methods``: space-separated, or ``*`` for any (the handler then checks).
+
+        ``label``: the route's name in metrics (default: ``pattern``).
+        """
         table = self._by_pattern.get(pattern)
         if table is None:
             table = self._by_pattern[pattern] = {}
-            self._routes.append((_compile(pattern), table))
+            self._routes.append((_compile(pattern), pattern, table))
         for method in methods.split():
-            table[method] = handler
+            table[method] = Route(handler, label or pattern)
 
     async def __call__(self, request: Request) -> Response:
         path = request.path = normalize_path(request.path)
-        for rx, table in self._routes:
+        for rx, pattern, table in self._routes:
             m = rx.fullmatch(path)
             if m is None:
                 continue
-            handler = table.get(request.method) or table.get("*")
-            if handler is None and request.method == "HEAD":
-                handler = table.get("GET")
-            if handler is None:
+            route = table.get(request.method) or table.get("*")
+            if route is None and request.method == "HEAD":
+                route = table.get("GET")
+            if route is None:
+                request.route = pattern
                 allowed = ", ".join(sorted(table))
                 raise TieredError(
                     ErrorCode.METHOD_NOT_ALLOWED,
@@ -70,5 +85,6 @@ class Router:
                     allow=allowed,
                 )
             request.params = m.groupdict()
-            return await handler(request)
+            request.route = route.label
+            return await route.handler(request)
         raise TieredError(ErrorCode.NOT_FOUND, "no such route")
