@@ -181,7 +181,9 @@ def test_rotation_keeps_the_old_token_exactly_until_the_grace_ends() -> None:
     # Without grace the old one ends at once.
     newer = tokens.mint()
     state.apply(
-        state.decide_rotate(new.id, token_id=newer.id, secret_sha256=newer.secret_sha256, grace_ms=0, now_ms=clock.ms)
+        state.decide_rotate(
+            new.id, token_id=newer.id, secret_sha256=newer.secret_sha256, grace_ms=0, now_ms=clock.ms
+        )
     )
     assert new.id not in state.tokens
     with pytest.raises(TieredError):
@@ -261,7 +263,18 @@ def test_jwt_accepted_and_mapped(tmp_path: Path, rsa: RSAKey) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["wrong-aud", "wrong-iss", "expired", "exp-now", "not-yet-valid", "no-exp", "bad-signature", "alg-none", "hs256-public-key"]
+    "case",
+    [
+        "wrong-aud",
+        "wrong-iss",
+        "expired",
+        "exp-now",
+        "not-yet-valid",
+        "no-exp",
+        "bad-signature",
+        "alg-none",
+        "hs256-public-key",
+    ],
 )
 def test_jwt_refusals(tmp_path: Path, rsa: RSAKey, case: str) -> None:
     clock = VirtualClock()

@@ -155,7 +155,9 @@ async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
     elif kind == "public":
         await node.auth.set_public_read(o[1], o[2])
     elif kind == "quota":
-        await node.tenants.set_quotas(o[1], {} if o[2] is None else {"max_retained_bytes": o[2], "max_streams": None})
+        await node.tenants.set_quotas(
+            o[1], {} if o[2] is None else {"max_retained_bytes": o[2], "max_streams": None}
+        )
     elif kind == "usage":
         node.tenants.counter.egress(o[1], o[2], o[2] // 2)
         node.tenants.counter.request(o[1], "read")

@@ -106,7 +106,9 @@ def on_harness(body: Callable[[HttpHarness], Awaitable[None]]) -> Callable[[Path
 
     def test(tmp_path: Path) -> None:
         async def main() -> None:
-            harness = HttpHarness(make_config(tmp_path / "data", long_poll_timeout_s=1.0), clock=VirtualClock())
+            harness = HttpHarness(
+                make_config(tmp_path / "data", long_poll_timeout_s=1.0), clock=VirtualClock()
+            )
             await harness.start()
             try:
                 await harness.bucket("acme")
@@ -150,7 +152,9 @@ async def test_append_requests_per_second(h: HttpHarness) -> None:
     await quota(h, append_requests_per_s=3)
     for i in range(3):
         assert (await h.http("POST", url("s"), body=b"x", headers=OCTET))[0] == 204, i
-    headers = await refused(h, lambda: h.http("POST", url("s"), body=b"x", headers=OCTET), 429, "append_requests_per_s")
+    headers = await refused(
+        h, lambda: h.http("POST", url("s"), body=b"x", headers=OCTET), 429, "append_requests_per_s"
+    )
     assert headers["Retry-After"] == "1"
     h.clock.advance(333)  # 0.999 of a token
     await refused(h, lambda: h.http("POST", url("s"), body=b"x", headers=OCTET), 429, "append_requests_per_s")
