@@ -22,7 +22,18 @@ pytestmark = pytest.mark.timeout(60)
 def test_refuses_to_start_on_a_non_loopback_address_without_auth(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, "-m", "tiered.cli", "serve", "--host", "192.0.2.1", "--port", "4999", "--data-dir", str(data)],
+        [
+            sys.executable,
+            "-m",
+            "tiered.cli",
+            "serve",
+            "--host",
+            "192.0.2.1",
+            "--port",
+            "4999",
+            "--data-dir",
+            str(data),
+        ],
         capture_output=True,
         text=True,
         timeout=30,

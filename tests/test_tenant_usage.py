@@ -77,7 +77,10 @@ async def test_appends_count_once_even_when_a_producer_retries(h: HttpHarness) -
     assert (u.appended_bytes, u.appended_records) == (8, 2)
     await h.s.journal.snapshot(h.s.state)
     await h.restart(crash=True)
-    assert (h.s.tenants.state.usage["acme"].appended_bytes, h.s.tenants.state.usage["acme"].appended_records) == (8, 2)
+    assert (
+        h.s.tenants.state.usage["acme"].appended_bytes,
+        h.s.tenants.state.usage["acme"].appended_records,
+    ) == (8, 2)
 
 
 @on_harness
@@ -89,7 +92,7 @@ async def test_egress_by_tier_and_requests_by_class(h: HttpHarness) -> None:
     assert (await h.http("GET", "/v1/buckets/acme/stream/s?offset=-1"))[2] == b"hot!"
     assert (await h.http("POST", "/v1/buckets/acme/stream/s", body=b"more", headers=OCTET))[0] == 204
     tail = h.s.streams.lookup("acme", "s").tail
-    assert (await h.http("GET", f"/v1/buckets/acme/stream/s?offset=-1&live=long-poll"))[0] == 200
+    assert (await h.http("GET", "/v1/buckets/acme/stream/s?offset=-1&live=long-poll"))[0] == 200
     assert (await h.http("HEAD", "/v1/buckets/acme/stream/s"))[0] == 200
     assert (await h.http("GET", "/v1/buckets/acme"))[0] == 200
     assert (await h.http("GET", "/v1/buckets/nope/stream/s?offset=-1"))[0] == 404  # no bucket: nobody's usage
@@ -129,7 +132,9 @@ def test_metrics_label_cardinality_is_capped(tmp_path: Path) -> None:
             await h.bucket(name)
             await h.create(name, "s", b"x" * (10 * (i + 1)))  # 10, 20, 30 bytes
         status, _, text = await h.http("GET", "/metrics")
-        lines = [ln for ln in text.decode().splitlines() if ln.startswith("tiered_bucket_appended_bytes_total")]
+        lines = [
+            ln for ln in text.decode().splitlines() if ln.startswith("tiered_bucket_appended_bytes_total")
+        ]
         assert lines == [
             'tiered_bucket_appended_bytes_total{bucket="_other"} 10',  # b-one, acme and default summed
             'tiered_bucket_appended_bytes_total{bucket="b-three"} 30',
@@ -210,7 +215,9 @@ def test_usage_after_sigkill_equals_the_acknowledged_work(tmp_path: Path) -> Non
         token = bearer(srv.token("acme", "write")["token"])
         producers, appends = 4, 100
         for p in range(producers):
-            status, _, body = request("PUT", f"{srv.url}/v1/buckets/acme/stream/p{p}", {**token, **OCTET}, b"")
+            status, _, body = request(
+                "PUT", f"{srv.url}/v1/buckets/acme/stream/p{p}", {**token, **OCTET}, b""
+            )
             assert status == 201, body
         acked = [0] * producers
         acked_bytes = [0] * producers
@@ -222,7 +229,13 @@ def test_usage_after_sigkill_equals_the_acknowledged_work(tmp_path: Path) -> Non
             url = f"{srv.url}/v1/buckets/acme/stream/p{p}"
             for seq in range(appends):
                 body = rng.randbytes(rng.randint(1, 3000))
-                headers = {**token, **OCTET, "Producer-Id": f"p{p}", "Producer-Epoch": "0", "Producer-Seq": str(seq)}
+                headers = {
+                    **token,
+                    **OCTET,
+                    "Producer-Id": f"p{p}",
+                    "Producer-Epoch": "0",
+                    "Producer-Seq": str(seq),
+                }
                 deadline = time.monotonic() + 60
                 while True:  # retry the same (producer, epoch, seq) until it is acknowledged
                     if time.monotonic() > deadline or stop.is_set():
