@@ -138,7 +138,7 @@ def visible(principal: Principal | None, bucket: str, *, public_read: bool = Fal
     return principal is not None and any(g.bucket == bucket for g in principal.grants)
 
 
-# Refusals (the HTTP layer adds WWW-Authenticate from ``challenge``).
+# Refusals (``challenge`` becomes the HTTP challenge header, in tiered.http.errors).
 CHALLENGE = 'Bearer realm="tiered"'
 INVALID_CHALLENGE = 'Bearer realm="tiered", error="invalid_token"'
 

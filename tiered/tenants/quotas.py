@@ -5,8 +5,8 @@
 | ``max_streams`` | 507 ``QUOTA_EXCEEDED`` (a create that would exceed it) |
 | ``max_retained_bytes`` | 507 ``QUOTA_EXCEEDED`` (an append or create whose bytes would exceed it) |
 | ``max_body_bytes`` | 413 ``PAYLOAD_TOO_LARGE`` |
-| ``append_bytes_per_s``, ``append_requests_per_s`` | 429 ``RATE_LIMITED`` + ``Retry-After`` (``ratelimit``) |
-| ``max_live_readers`` | 429 ``RATE_LIMITED`` + ``Retry-After`` |
+| ``append_bytes_per_s``, ``append_requests_per_s`` | 429 ``RATE_LIMITED`` with ``retry_after_s`` (``ratelimit``) |
+| ``max_live_readers`` | 429 ``RATE_LIMITED`` with ``retry_after_s`` |
 
 Every refusal names the quota and its limit in the error body. Boundaries are
 exact: the request that reaches a limit succeeds, the next one is refused.

@@ -44,7 +44,7 @@ class TokenBucket:
 
 
 def retry_after_s(wait_ms: int) -> int:
-    """Whole seconds for ``Retry-After`` (at least 1; a zero rate says an hour)."""
+    """Whole seconds to wait before retrying (at least 1; a zero rate says an hour)."""
     if wait_ms < 0:
         return 3600
     return max(1, -(-wait_ms // 1000))
