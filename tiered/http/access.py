@@ -57,12 +57,24 @@ class Access:
     kind: Kind
     bucket: str | None = None
     level: Level = Level.READ
-    path: str | None = None  # the stream (grants must cover it)
+    raw_path: str | None = None  # the request path of a stream route: ``stream_path`` decodes it
     whole_bucket: bool = False  # reaches every stream of the bucket (only grants without a prefix)
     request_class: str | None = None  # usage: append, read, live, admin
     live: bool = False
-    missing: TieredError | None = None  # the route's own answer for "no such thing"
+    missing: Callable[[], TieredError] | None = None  # the route's own answer for "no such thing"
     fork: tuple[str, str] | None = None  # a fork's source (bucket, path): read is needed there too
+
+    def stream_path(self) -> str | None:
+        """The stream the request names (grants with a prefix must cover it); None if it names none validly.
+
+        Decoded only when a prefix needs it: most requests never pay for it.
+        """
+        if self.raw_path is None:
+            return None
+        try:
+            return stream_address(decode_path(self.raw_path))[1]
+        except TieredError:  # a bad name: the route answers 400 to whoever may use the bucket
+            return None
 
 
 OPEN = Access(Kind.OPEN)
@@ -114,12 +126,9 @@ class AccessMap:
 
     # ------------------------------------------------------------- streams and buckets
 
-    def _stream(self, request: Request, path: str, raw_bucket: str) -> Access:
+    def _stream(self, request: Request, path: str, bucket: str) -> Access:
         method = request.method
-        try:
-            bucket, stream = stream_address(decode_path(path))
-        except TieredError:  # a bad name: the route answers 400 to whoever may use the bucket
-            bucket, stream = raw_bucket, None
+        stream = path  # decoded lazily (Access.stream_path)
         if method in ("GET", "HEAD"):
             live = _live(request)
             return Access(
@@ -129,7 +138,7 @@ class AccessMap:
                 stream,
                 request_class="live" if live else "read",
                 live=live,
-                missing=_stream_missing(),
+                missing=_stream_missing,
             )
         if method == "PUT":
             return Access(
@@ -138,20 +147,18 @@ class AccessMap:
                 Level.WRITE,
                 stream,
                 request_class="append",
-                missing=_bucket_missing(bucket),
+                missing=lambda: _bucket_missing(bucket),
                 fork=_fork_source(request),
             )
         if method == "POST":
             return Access(
-                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="append", missing=_stream_missing()
+                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="append", missing=_stream_missing
             )
         if method == "DELETE":
             return Access(
-                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="admin", missing=_stream_missing()
+                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="admin", missing=_stream_missing
             )
-        return Access(
-            Kind.BUCKET, bucket, Level.READ, stream, missing=_stream_missing()
-        )  # 405 from the route
+        return Access(Kind.BUCKET, bucket, Level.READ, stream, missing=_stream_missing)  # 405 from the route
 
     def _bucket(self, request: Request, bucket: str) -> Access:
         method = request.method
@@ -164,9 +171,11 @@ class AccessMap:
                 Level.ADMIN,
                 whole_bucket=True,
                 request_class="admin",
-                missing=_bucket_missing(bucket),
+                missing=lambda: _bucket_missing(bucket),
             )
-        return Access(Kind.BUCKET, bucket, Level.READ, request_class="admin", missing=_bucket_missing(bucket))
+        return Access(
+            Kind.BUCKET, bucket, Level.READ, request_class="admin", missing=lambda: _bucket_missing(bucket)
+        )
 
     # ------------------------------------------------------------- subscriptions and groups
 
@@ -191,7 +200,7 @@ class AccessMap:
             level,
             whole_bucket=True,
             request_class="admin",
-            missing=TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Subscription not found"),
+            missing=lambda: TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Subscription not found"),
         )
 
     async def _group(self, request: Request, rest: str) -> Access:
@@ -204,10 +213,10 @@ class AccessMap:
         if bucket is None:
             return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
         reads = (method in ("GET", "HEAD") and not action) or action in ("join", "heartbeat", "leave")
-        missing = (
-            _bucket_missing(bucket)
+        missing: Callable[[], TieredError] = (
+            (lambda: _bucket_missing(bucket))
             if method == "PUT" and not action
-            else TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist")
+            else (lambda: TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist"))
         )
         return Access(
             Kind.BUCKET,

@@ -44,11 +44,14 @@ class _Caller:
 def _check(service: AuthService, principal: Principal | None, access: Access) -> None:
     bucket = access.bucket
     assert bucket is not None
+    path = None
+    if principal is not None and any(g.prefix is not None and g.bucket == bucket for g in principal.grants):
+        path = access.stream_path()  # only a prefix needs the stream's name
     verdict = authorize(
         principal,
         bucket,
         access.level,
-        path=access.path,
+        path=path,
         whole_bucket=access.whole_bucket,
         public_read=service.public_read(bucket),
     )
@@ -59,7 +62,7 @@ def _check(service: AuthService, principal: Principal | None, access: Access) ->
     if verdict is Verdict.FORBIDDEN:
         raise forbidden()
     assert access.missing is not None
-    raise access.missing
+    raise access.missing()
 
 
 def _check_fork(service: AuthService, principal: Principal | None, source: tuple[str, str]) -> None:

@@ -29,19 +29,24 @@ class TenantGate:
         self.footprint = footprint
         self.defaults = defaults
         self.clock = clock
-        self._effective: dict[str, tuple[object, Quotas]] = {}
+        self._effective: dict[
+            str, tuple[object, Quotas, bool]
+        ] = {}  # bucket -> (overrides, quotas, unlimited)
         self._rates: dict[tuple[str, str], TokenBucket] = {}
         self.live: dict[str, int] = {}
         self.refusals: dict[tuple[str, str], int] = {}  # (bucket, quota) -> count
 
-    def quotas(self, bucket: str) -> Quotas:
+    def _lookup(self, bucket: str) -> tuple[object, Quotas, bool]:
         overrides = self.tenants.quotas.get(bucket)
         cached = self._effective.get(bucket)
         if cached is not None and cached[0] is overrides:
-            return cached[1]
+            return cached
         effective = q.effective(self.defaults, overrides or {})
-        self._effective[bucket] = (overrides, effective)
-        return effective
+        entry = self._effective[bucket] = (overrides, effective, effective.unlimited)
+        return entry
+
+    def quotas(self, bucket: str) -> Quotas:
+        return self._lookup(bucket)[1]
 
     def _rate(self, bucket: str, quota: str, limit: int, now_ms: int) -> TokenBucket:
         key = (bucket, quota)
@@ -58,8 +63,8 @@ class TenantGate:
         self, bucket: str, *, body_bytes: int, stored_bytes: int, new_streams: int, rated: bool
     ) -> None:
         """Refuse (``TieredError``) a write over any quota; otherwise take its rate tokens."""
-        quotas = self.quotas(bucket)
-        if quotas.unlimited:
+        _, quotas, unlimited = self._lookup(bucket)
+        if unlimited:
             return
         try:
             q.check_body(quotas, body_bytes)
