@@ -59,6 +59,11 @@ def _create_victim(srv: AuthServer, path: str) -> None:
     assert status == 201, body
 
 
+def _create_group(srv: AuthServer, path: str) -> None:
+    status, body = srv.admin("PUT", path, {"bucket": "acme", "pattern": "data/*"})
+    assert status == 201, body
+
+
 def _ghost_bucket(path: str) -> str:
     return path.replace("/acme", "/ghost-bucket")
 
@@ -145,6 +150,62 @@ ROUTES = [
         lambda p: p.replace("g-acme", "g-ghost"),
     ),
     Route(
+        "heartbeat",
+        "POST",
+        "/v1/groups/g-acme/heartbeat",
+        {"Content-Type": "application/json"},
+        b'{"member": "nobody", "incarnation": 1, "generation": 1}',
+        409,  # past auth: the route's own answer (not a member)
+        409,
+        409,
+        lambda p: p.replace("g-acme", "g-ghost"),
+    ),
+    Route(
+        "leave-group",
+        "POST",
+        "/v1/groups/g-acme/leave",
+        {"Content-Type": "application/json"},
+        b'{"member": "nobody", "incarnation": 1, "generation": 1}',
+        200,  # leaving when not a member is a no-op
+        200,
+        200,
+        lambda p: p.replace("g-acme", "g-ghost"),
+    ),
+    Route(
+        "unlink-group",
+        "DELETE",
+        "/v1/groups/g-acme/streams/data%2Fs",
+        {},
+        b"",
+        403,
+        403,
+        200,
+        lambda p: p.replace("g-acme", "g-ghost"),
+    ),
+    Route(
+        "delete-group",
+        "DELETE",
+        "/v1/groups/g-del-{i}",
+        {},
+        b"",
+        403,
+        403,
+        204,
+        lambda p: "/v1/groups/g-ghost",
+        setup=lambda srv, path: _create_group(srv, path),
+    ),
+    Route(
+        "create-subscription",
+        "PUT",
+        "/v1/stream/__ds/subscriptions/s-{i}",
+        {"Content-Type": "application/json"},
+        b'{"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wakes"}',
+        404,
+        404,
+        404,
+        kind="default",  # (no ghost: the operator would create it)
+    ),
+    Route(
         "subscription",
         "GET",
         "/v1/stream/__ds/subscriptions/sub1",
@@ -181,6 +242,20 @@ ROUTES = [
         kind="default",
     ),
     Route("usage", "GET", "/v1/admin/usage", {}, b"", 401, 401, 401, kind="operator"),
+    Route(
+        "retention",
+        "PUT",
+        "/v1/admin/retention/acme",
+        {"Content-Type": "application/json"},
+        b'{"retention_ms": 1}',
+        401,
+        401,
+        401,
+        kind="operator",
+    ),
+    Route(
+        "quotas", "PUT", "/v1/admin/quotas/acme", {}, b'{"max_streams": 0}', 401, 401, 401, kind="operator"
+    ),
     Route(
         "issue-token",
         "POST",
@@ -341,7 +416,12 @@ def test_route_by_credential(setup: tuple[AuthServer, dict[str, dict[str, str]]]
         if status == 404 and route.ghost is not None and route.name != "create-group":
             # Byte for byte what a missing one gets (names differ only where the request names them).
             g_status, _, g_body = call(srv, route, route.ghost(path), OPERATOR)
-            for ghost, real in ((b"ghost-bucket", b"acme"), (b"g-ghost", b"g-acme"), (b"ghost-sub", b"sub1")):
+            real_group = path.split("/")[3].encode() if path.startswith("/v1/groups/") else b"g-acme"
+            for ghost, real in (
+                (b"ghost-bucket", b"acme"),
+                (b"g-ghost", real_group),
+                (b"ghost-sub", b"sub1"),
+            ):
                 g_body = g_body.replace(ghost, real)
             assert (g_status, g_body) == (status, body), (
                 f"{route.name} x {cred}: 404 differs from a missing one"
@@ -383,7 +463,8 @@ def test_listings_show_only_what_the_caller_may_see(
     _, _, body = request("GET", srv.url + "/v1/groups", creds["other-bucket"])
     assert json.loads(body)["groups"] == []
     _, _, body = request("GET", srv.url + "/v1/groups", creds["read"])
-    assert [g["group"] for g in json.loads(body)["groups"]] == ["g-acme"]
+    groups = json.loads(body)["groups"]
+    assert "g-acme" in [g["group"] for g in groups] and {g["bucket"] for g in groups} == {"acme"}
     _, _, body = request("GET", srv.url + "/v1/buckets", OPERATOR)
     assert {"acme", "other", "default"} <= {b["name"] for b in json.loads(body)["buckets"]}
 
