@@ -50,6 +50,7 @@ class Kind(Enum):
     SELF = "self"  # the route checks a token of its own (subscription wakes)
     ANY = "any"  # any valid credential; the answer shows only what it may see
     BUCKET = "bucket"  # a scope on a bucket
+    BODY = "body"  # a scope on the bucket the body names (``resolve``, once the caller is known)
 
 
 @dataclass(slots=True)
@@ -99,7 +100,7 @@ class AccessMap:
     def __init__(self, group_bucket: Callable[[str], str | None]) -> None:
         self._group_bucket = group_bucket
 
-    async def classify(self, request: Request) -> Access:
+    def classify(self, request: Request) -> Access:
         path = normalize_path(request.path)
         if path.startswith(STREAM_PREFIX):
             if path.startswith(CONTROL_PREFIX) and path[len(CONTROL_PREFIX) : len(CONTROL_PREFIX) + 1] in (
@@ -119,7 +120,7 @@ class AccessMap:
         if path == "/v1/buckets" or path == "/v1/groups":
             return ANY
         if path.startswith("/v1/groups/"):
-            return await self._group(request, path[len("/v1/groups/") :])
+            return self._group(request, path[len("/v1/groups/") :])
         if path.startswith("/v1/admin/") or path == "/metrics":
             return OPERATOR
         return OPEN
@@ -203,21 +204,20 @@ class AccessMap:
             missing=lambda: TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Subscription not found"),
         )
 
-    async def _group(self, request: Request, rest: str) -> Access:
+    def _group(self, request: Request, rest: str) -> Access:
         name, _, action = rest.partition("/")
         method = request.method
         if method == "PUT" and not action:
-            bucket = await _body_bucket(request)
-        else:
-            bucket = self._group_bucket(name)
+            # Creating a group: its bucket is in the body, read only for a caller that authenticated.
+            return Access(Kind.BODY, request_class="admin")
+        bucket = self._group_bucket(name)
         if bucket is None:
             return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
         reads = (method in ("GET", "HEAD") and not action) or action in ("join", "heartbeat", "leave")
-        missing: Callable[[], TieredError] = (
-            (lambda: _bucket_missing(bucket))
-            if method == "PUT" and not action
-            else (lambda: TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist"))
-        )
+
+        def missing() -> TieredError:
+            return TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist")
+
         return Access(
             Kind.BUCKET,
             bucket,
@@ -247,14 +247,25 @@ def _fork_source(request: Request) -> tuple[str, str] | None:
         return None  # the route answers FORK_SOURCE_NOT_FOUND itself
 
 
-async def _body_bucket(request: Request) -> str | None:
-    """The bucket a group creation names in its body (the route's default when it names none)."""
+async def resolve(request: Request, access: Access) -> Access:
+    """A ``BODY`` access made concrete: the group creation's bucket, from its body.
+
+    A body the route will refuse (not JSON, no object, a bucket that is not a
+    string) has nothing to protect: ``ANY``, and the route answers 400.
+    """
     raw = await request.body()  # kept: the route reads the same bytes
     try:
         body = decode_json(raw)
     except TieredError:
-        return None
-    if not isinstance(body, dict):
-        return None
-    bucket = body.get("bucket", DEFAULT_BUCKET)
-    return bucket if isinstance(bucket, str) else None
+        return ANY
+    bucket = body.get("bucket", DEFAULT_BUCKET) if isinstance(body, dict) else None
+    if not isinstance(bucket, str):
+        return ANY
+    return Access(
+        Kind.BUCKET,
+        bucket,
+        Level.ADMIN,
+        whole_bucket=True,
+        request_class=access.request_class,
+        missing=lambda: _bucket_missing(bucket),
+    )

@@ -23,7 +23,7 @@ from tiered.auth.credentials import Level, Principal, Verdict, authorize, forbid
 from tiered.auth.live import Lease
 from tiered.auth.service import AuthService
 
-from .access import Access, AccessMap, Kind, fork_missing
+from .access import Access, AccessMap, Kind, fork_missing, resolve
 from .types import Handler, LiveLease, Middleware, Request, Response, after_body
 
 
@@ -77,12 +77,23 @@ def _check_fork(service: AuthService, principal: Principal | None, source: tuple
 def auth_middleware(service: AuthService, access_map: AccessMap) -> Middleware:
     def wrap(handler: Handler) -> Handler:
         async def authorized(request: Request) -> Response:
-            access = await access_map.classify(request)
-            request.access = access
+            access = access_map.classify(request)
             kind = access.kind
-            if not service.enabled or kind is Kind.OPEN or kind is Kind.OPERATOR or kind is Kind.SELF:
+            if not service.enabled:
+                if kind is Kind.BODY:
+                    access = await resolve(request, access)  # for its usage class
+                request.access = access
+                return await handler(request)
+            if kind is Kind.OPEN or kind is Kind.OPERATOR or kind is Kind.SELF:
+                request.access = access
                 return await handler(request)
             principal = service.authenticate(request.headers.get("Authorization"))
+            if kind is Kind.BODY:
+                if principal is None:
+                    raise unauthenticated()  # before reading a body for anyone
+                access = await resolve(request, access)
+                kind = access.kind
+            request.access = access
             if kind is Kind.ANY:
                 if principal is None:
                     raise unauthenticated()
