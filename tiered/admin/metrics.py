@@ -1,12 +1,16 @@
 """Prometheus metrics, in the text exposition format.
 
-Counts and gauges only, no bucket or stream names; ``/metrics`` is an admin
-route (scrape it with the admin token).
+Counts and gauges; no stream names, and bucket names only in the per-bucket
+metrics of ``tiered.tenants.metrics`` (their label cardinality is capped by
+``--metrics-max-buckets``). ``/metrics`` is an admin route (scrape it with
+the admin token).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from tiered.tenants.metrics import bucket_metric_lines
 
 if TYPE_CHECKING:
     from tiered.node import Node
@@ -70,4 +74,7 @@ def render_metrics(node: Node) -> bytes:
         "# TYPE tiered_gc_last_pass_timestamp_seconds gauge",
         f"tiered_gc_last_pass_timestamp_seconds {t.last_pass_ms / 1000:.3f}",
     ]
+    lines += bucket_metric_lines(
+        state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
+    )
     return ("\n".join(lines) + "\n").encode()

@@ -37,6 +37,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -72,11 +73,16 @@ def make_listener(config: Config, handler: Handler) -> Listener:
 
 
 def run(config: Config) -> int:
+    from tiered.auth.jwt import JwksError
     from tiered.cold.claim import PrefixClaimed
     from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
+    problem = config.exposure_problem()
+    if problem is not None:
+        print(f"tiered: cannot start: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
@@ -99,6 +105,7 @@ def run(config: Config) -> int:
         SnapshotError,
         PrefixClaimed,
         ObjectStoreError,
+        JwksError,
         OSError,
     ) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)

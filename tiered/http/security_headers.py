@@ -22,6 +22,7 @@ EXPOSED_HEADERS = ", ".join(
         "Location",
         "Content-Type",
         "Retry-After",
+        "WWW-Authenticate",
     ]
 )
 SECURITY_HEADERS = {
