@@ -7,6 +7,10 @@ an acknowledged put survives a crash. We get that from the classic recipe:
 write a private temp file, fsync it, then publish it with `os.link` (fails if
 the name exists, so it is an atomic create-if-absent) or `os.replace` (atomic
 overwrite), and fsync the directory so the new name itself is durable.
+Compare-and-set (`put(..., if_match=etag)`) checks the ETag and replaces
+under an exclusive `flock` on the staging directory, which every replace and
+delete also takes, so no other writer (thread or process) can slip in between
+the check and the replace.
 
 All blocking I/O runs in worker threads (`asyncio.to_thread`) so the event
 loop never stalls on the disk.
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,6 +42,8 @@ from .store import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
+    PreconditionFailed,
+    StoredObject,
     check_range,
     validate_key,
     validate_prefix,
@@ -77,15 +85,24 @@ class LocalDirStore:
 
     # -- public API -------------------------------------------------------
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
         path = self._path(key)
         self._check_writable()
-        return await asyncio.to_thread(self._put_sync, key, path, bytes(data), if_none_match)
+        expected = None if if_match is None else if_match.strip('"')
+        if expected is not None and not expected:
+            raise ValueError("if_match must be a non-empty ETag")
+        return await asyncio.to_thread(self._put_sync, key, path, bytes(data), if_none_match, expected)
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
         lo, hi = check_range(start, end)
         return await asyncio.to_thread(self._get_sync, key, path, lo, hi)
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        path = self._path(key)
+        return await asyncio.to_thread(self._get_with_info_sync, key, path)
 
     async def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -128,7 +145,22 @@ class LocalDirStore:
 
     # -- blocking implementations (run in threads) ------------------------
 
-    def _put_sync(self, key: str, path: Path, data: bytes, if_none_match: bool) -> ObjectInfo:
+    @contextmanager
+    def _writers_lock(self) -> Iterator[None]:
+        """Exclusive among every replace, compare-and-set and delete of this store (threads and processes).
+
+        Creates need no lock: `os.link` refuses an existing name atomically.
+        """
+        fd = os.open(self._staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _put_sync(
+        self, key: str, path: Path, data: bytes, if_none_match: bool, if_match: str | None
+    ) -> ObjectInfo:
         tmp = self._staging / f"{uuid.uuid4().hex}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -139,17 +171,33 @@ class LocalDirStore:
                 st = os.fstat(fd)
             finally:
                 os.close(fd)
-            self._publish(key, tmp, path, if_none_match)
+            if if_match is not None:
+                self._compare_and_replace(key, tmp, path, if_match)
+            elif if_none_match:
+                self._publish(key, tmp, path, create=True)
+            else:
+                with self._writers_lock():
+                    self._publish(key, tmp, path, create=False)
         finally:
             # After os.link the temp name is a second link; after os.replace it is gone.
             _unlink_quietly(tmp)
         return _info(key, st)
 
-    def _publish(self, key: str, tmp: Path, path: Path, if_none_match: bool) -> None:
+    def _compare_and_replace(self, key: str, tmp: Path, path: Path, expected: str) -> None:
+        with self._writers_lock():
+            current = self._head_sync(key, path)
+            if current is None:
+                raise PreconditionFailed(key, "no object at the key")
+            if current.etag != expected:
+                raise PreconditionFailed(key, f"the current ETag is not {expected}")
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+
+    def _publish(self, key: str, tmp: Path, path: Path, *, create: bool) -> None:
         for _ in range(_PUBLISH_ATTEMPTS):
             try:
                 self._make_parents(key, path)
-                if if_none_match:
+                if create:
                     os.link(tmp, path)
                 else:
                     os.replace(tmp, path)
@@ -209,6 +257,28 @@ class LocalDirStore:
         finally:
             os.close(fd)
 
+    def _get_with_info_sync(self, key: str, path: Path) -> StoredObject:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(key) from None
+        try:
+            # The open file is this version even if the key is replaced meanwhile.
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ObjectNotFound(key)
+            chunks: list[bytes] = []
+            pos = 0
+            while pos < st.st_size:
+                chunk = os.pread(fd, min(st.st_size - pos, _READ_CHUNK), pos)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                pos += len(chunk)
+            return StoredObject(_info(key, st), b"".join(chunks))
+        finally:
+            os.close(fd)
+
     def _head_sync(self, key: str, path: Path) -> ObjectInfo | None:
         try:
             st = os.stat(path)
@@ -219,6 +289,10 @@ class LocalDirStore:
         return _info(key, st)
 
     def _delete_sync(self, path: Path) -> None:
+        with self._writers_lock():
+            self._delete_locked(path)
+
+    def _delete_locked(self, path: Path) -> None:
         try:
             os.unlink(path)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -232,12 +306,13 @@ class LocalDirStore:
 
     def _delete_many_sync(self, paths: list[tuple[str, Path]]) -> list[DeleteFailure]:
         failures: list[DeleteFailure] = []
-        for key, path in paths:
-            try:
-                self._delete_sync(path)
-            except OSError as exc:
-                code = errno.errorcode.get(exc.errno or 0, "OSError")
-                failures.append(DeleteFailure(key, code, exc.strerror or str(exc)))
+        with self._writers_lock():
+            for key, path in paths:
+                try:
+                    self._delete_locked(path)
+                except OSError as exc:
+                    code = errno.errorcode.get(exc.errno or 0, "OSError")
+                    failures.append(DeleteFailure(key, code, exc.strerror or str(exc)))
         return failures
 
     def _prune_empty_dirs(self, directory: Path) -> None:

@@ -64,12 +64,15 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .retry import RetryPolicy
 from .store import (
+    ConditionalWritesUnsupported,
     DeleteFailure,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    PreconditionFailed,
+    StoredObject,
     check_range,
     validate_key,
     validate_prefix,
@@ -79,8 +82,6 @@ __all__ = [
     "AddressingStyle",
     "ChecksumMode",
     "ConditionalWriteSupport",
-    "ConditionalWritesUnsupported",
-    "PreconditionFailed",
     "S3Store",
     "MAX_SINGLE_PUT",
     "MIN_PART_SIZE",
@@ -110,30 +111,6 @@ PROBE_KEY_PREFIX = "_tiered/probe-conditional-"
 ChecksumMode = Literal["when_required", "when_supported"]
 AddressingStyle = Literal["path", "virtual", "auto"]
 IfMatchForm = Literal["quoted", "unquoted"]
-
-
-class PreconditionFailed(ObjectStoreError):
-    """A compare-and-set put (`if_match`) found another ETag at the key, or no object.
-
-    `outcome_unknown` is True when an earlier attempt of the same call failed
-    ambiguously and the object now there is not ours: that attempt may have
-    been applied and then replaced by someone else, or never applied.
-    """
-
-    def __init__(self, key: str, detail: str = "", *, outcome_unknown: bool = False) -> None:
-        super().__init__(f"{key!r}: {detail}" if detail else key)
-        self.key = key
-        self.outcome_unknown = outcome_unknown
-
-
-class ConditionalWritesUnsupported(ObjectStoreError):
-    """The store does not enforce the conditional writes the cold tier relies on.
-
-    Raised by `S3Store.probe_conditional_writes()` when a store silently
-    overwrote instead of refusing, and by `put` for a conditional write the
-    store cannot do safely. Using such a store would lose data silently, so it
-    is refused loudly instead.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +379,28 @@ class S3Store:
             raise _translate(exc, f"get {key!r}", key) from exc
         except _BACKEND_ERRORS as exc:
             raise _translate(exc, f"get {key!r}", key) from exc
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        """The whole object and its metadata, from one GetObject (so the ETag is that version's)."""
+        validate_key(key)
+        s3 = self._client()
+
+        async def op() -> StoredObject:
+            resp = await s3.get_object(Bucket=self._bucket, Key=self._full(key))
+            body = resp["Body"]
+            async with body:
+                data: bytes = await body.read()
+            info = ObjectInfo(key, len(data), _etag(resp.get("ETag") or ""), _utc(resp["LastModified"]))
+            return StoredObject(info, data)
+
+        what = f"get {key!r}"
+        try:
+            found = await self._run(what, op)
+        except _BACKEND_ERRORS as exc:
+            raise _translate(exc, what, key) from exc
+        if not found.info.etag:
+            raise ObjectStoreError(f"S3 {what}: the store answered without an ETag")
+        return found
 
     async def head(self, key: str) -> ObjectInfo | None:
         validate_key(key)

@@ -6,6 +6,31 @@ needs them to behave identically whether the bytes live in a local directory
 `ObjectStore` protocol, the `ObjectInfo` metadata record, the error hierarchy
 the service maps to HTTP statuses, and the key rules both backends enforce so
 that a key accepted by one is accepted by the other.
+
+Conditional writes are part of the contract, because correctness rests on them
+(the one-server-per-prefix claim today, shard leases tomorrow):
+
+* create-only: ``put(key, data)`` (``if_none_match=True``, the default) writes
+  only if nothing is at the key, else raises `ObjectExists`;
+* compare-and-set: ``put(key, data, if_match=etag)`` replaces the object only if
+  its current ETag is ``etag``, else raises `PreconditionFailed` (also when
+  there is no object);
+* a consistent read: ``get_with_info(key)`` returns the bytes and the
+  `ObjectInfo` (ETag) of the same version, so a read-modify-write is::
+
+      current = await store.get_with_info(key)          # ObjectNotFound: create instead
+      new = decide(current.data)
+      try:
+          await store.put(key, new, if_match=current.info.etag)
+      except PreconditionFailed as lost:                 # someone else wrote first
+          ...                                           # re-read and decide again
+          # lost.outcome_unknown: an ambiguous earlier attempt of ours may have
+          # landed and been replaced since; re-reading tells what is there now
+
+Every backend enforces them atomically (LocalDirStore with a lock on its
+directory; S3 with ``If-None-Match``/``If-Match``). An S3-compatible store that
+silently ignores the headers is refused by the conditional-write probe
+(`tiered.cold.s3.S3Store.probe_conditional_writes`) before it is used.
 """
 
 from __future__ import annotations
@@ -17,6 +42,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 __all__ = [
+    "ConditionalWritesUnsupported",
     "DeleteFailure",
     "InvalidKey",
     "ObjectExists",
@@ -25,7 +51,9 @@ __all__ = [
     "ObjectStore",
     "ObjectStoreError",
     "ObjectStoreUnavailable",
+    "PreconditionFailed",
     "ReadOnlyStore",
+    "StoredObject",
     "MAX_KEY_BYTES",
     "check_range",
     "validate_key",
@@ -51,6 +79,13 @@ class ObjectInfo(msgspec.Struct, frozen=True):
     last_modified: datetime
 
 
+class StoredObject(msgspec.Struct, frozen=True):
+    """An object's bytes and the metadata of that same version (see `ObjectStore.get_with_info`)."""
+
+    info: ObjectInfo
+    data: bytes
+
+
 class DeleteFailure(msgspec.Struct, frozen=True):
     """One key that `delete_many` could not delete, with the backend's reason."""
 
@@ -69,6 +104,33 @@ class ObjectNotFound(ObjectStoreError):
 
 class ObjectExists(ObjectStoreError):
     """A conditional create found a different object already at the key."""
+
+
+class PreconditionFailed(ObjectStoreError):
+    """A compare-and-set put (`if_match`) found another ETag at the key, or no object.
+
+    Nothing was written by this call, unless `outcome_unknown` is True: then an
+    earlier attempt of the same call failed ambiguously and the object there
+    now is not ours, so that attempt may have been applied and then replaced by
+    someone else, or never applied. Either way the caller lost the race: read
+    the key again to see what is there.
+    """
+
+    def __init__(self, key: str, detail: str = "", *, outcome_unknown: bool = False) -> None:
+        super().__init__(f"{key!r}: {detail}" if detail else key)
+        self.key = key
+        self.outcome_unknown = outcome_unknown
+
+
+class ConditionalWritesUnsupported(ObjectStoreError):
+    """The store does not enforce the conditional writes the cold tier relies on.
+
+    Raised when a store was found to overwrite silently where a conditional
+    write had to be refused (S3Store's conditional-write probe), and for a
+    conditional write a store cannot do safely (a compare-and-set over 5 GiB
+    on S3). Using such a store would lose data silently, so it
+    is refused loudly instead.
+    """
 
 
 class ObjectStoreUnavailable(ObjectStoreError):
@@ -147,8 +209,10 @@ class ObjectStore(Protocol):
     raise `ObjectStoreUnavailable` once retries are exhausted.
     """
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
-        """Store `data` at `key` and return its metadata.
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
+        """Store `data` at `key` and return its metadata (the new version's ETag).
 
         With if_none_match (the default) this is a conditional create: it
         raises ObjectExists if a different object is already there. If an
@@ -156,6 +220,12 @@ class ObjectStore(Protocol):
         failure), the existing object is compared against `data` and the put
         counts as successful when it matches. With if_none_match=False an
         existing object is replaced atomically.
+
+        With `if_match` (an ETag from `head`, `list`, `get_with_info` or an
+        earlier `put`) this is a compare-and-set that takes precedence over
+        `if_none_match`: the object is replaced only if its current ETag is
+        that one, else PreconditionFailed is raised (also when the key holds
+        no object). Readers see the old or the new version, never a mix.
         """
         ...
 
@@ -163,6 +233,14 @@ class ObjectStore(Protocol):
         """Return bytes [start, end) of the object (see `check_range`).
 
         Raises ObjectNotFound if the key does not exist.
+        """
+        ...
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        """Return the whole object and the metadata of that same version.
+
+        The ETag in the result is the one to pass as `put(..., if_match=)` for
+        a read-modify-write. Raises ObjectNotFound if the key does not exist.
         """
         ...
 
@@ -201,11 +279,17 @@ class ReadOnlyStore:
     def __init__(self, inner: ObjectStore) -> None:
         self._inner = inner
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
+        # Creates, replaces and compare-and-sets alike: read-only commands write nothing.
         raise ObjectStoreError(f"refusing to write {key!r}: the store was opened read-only")
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
         return await self._inner.get(key, start=start, end=end)
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        return await self._inner.get_with_info(key)
 
     async def head(self, key: str) -> ObjectInfo | None:
         return await self._inner.head(key)

@@ -1,4 +1,5 @@
-"""Retention and expiry planning: which data the policies release now (pure).
+"""Retention: which data the policies release now (``plan_retention``, pure) and the GC task
+that applies the plan (``ApplyRetention``, the shell: it reads record boundaries from the store).
 
 The rule, exactly:
 

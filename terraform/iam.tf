@@ -2,8 +2,11 @@
 
 locals {
   # Every S3 API operation tiered's code (cold/s3.py) issues, and the IAM action that
-  # authorizes it. tests/test_terraform.py checks that the policy below grants exactly
-  # the actions named here; keep this map in step with the code.
+  # authorizes it. tests/test_iam_policy.py records every operation the test suite's S3
+  # paths make and fails if this map, or the policy below, differs from what the code
+  # does; the suite's cold-tier, GC and verify tests also run as an IAM user holding only
+  # this policy (moto with IAM enforced). The probe object tiered writes at start-up
+  # (_tiered/probe-conditional-*) lives under the prefix like everything else.
   tiered_s3_operation_actions = {
     PutObject               = "s3:PutObject" # also with If-None-Match: * (create-only) and If-Match (compare-and-set)
     CreateMultipartUpload   = "s3:PutObject"

@@ -97,7 +97,7 @@ def serve_args(rgw: RGWEndpoint, prefix: str, *, tls: bool = False) -> list[str]
         "--s3-prefix", prefix,
         "--s3-endpoint", rgw.endpoint(tls),
         "--s3-region", rgw.region,
-        "--s3-path-style", "true",
+        "--s3-addressing-style", "path",
     ]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tiered.clock import VirtualClock
-from tiered.cold.store import DeleteFailure, ObjectInfo, ObjectStoreUnavailable
+from tiered.cold.store import DeleteFailure, ObjectInfo, ObjectStoreUnavailable, StoredObject
 from tiered.config import Config
 from tiered.hot.log import SegmentLog
 from tiered.journal.codec import Record, decode_record
@@ -106,15 +106,22 @@ class ControlledStore:
             raise InjectedOutage(f"{what}: timed out after {self.hang_s}s (injected)")
         raise InjectedOutage(f"{what}: injected outage")
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
         self.calls.append(("put", key))
         await self._fault(self.fail_put, f"put {key}")
-        return await self.inner.put(key, data, if_none_match=if_none_match)
+        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
         self.calls.append(("get", key))
         await self._fault(self.fail_get, f"get {key}")
         return await self.inner.get(key, start=start, end=end)
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        self.calls.append(("get", key))
+        await self._fault(self.fail_get, f"get {key}")
+        return await self.inner.get_with_info(key)
 
     async def head(self, key: str) -> ObjectInfo | None:
         return await self.inner.head(key)

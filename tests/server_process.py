@@ -7,10 +7,11 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from .s3_ops import tiered_command
 
 
 def free_port() -> int:
@@ -36,9 +37,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         cmd = [
-            sys.executable,
-            "-m",
-            "tiered.cli",
+            *tiered_command(),  # the session records the S3 operations it makes (s3_ops.py)
             "serve",
             "--host",
             "127.0.0.1",

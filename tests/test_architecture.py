@@ -107,7 +107,15 @@ def test_the_core_speaks_no_http() -> None:
         p
         for name, p in modules().items()
         if name.startswith(
-            ("tiered.streams", "tiered.journal", "tiered.groups", "tiered.subscriptions", "tiered.gc")
+            (
+                "tiered.streams",
+                "tiered.journal",
+                "tiered.groups",
+                "tiered.subscriptions",
+                "tiered.gc",
+                "tiered.auth",
+                "tiered.tenants",
+            )
         )
         and not name.endswith((".http", ".client", ".delivery"))
     ]

@@ -32,19 +32,14 @@ from botocore.exceptions import ReadTimeoutError
 
 from tiered.cold.backends import open_object_store
 from tiered.cold.retry import RetryPolicy
-from tiered.cold.s3 import (
-    MIN_PART_SIZE,
-    PROBE_KEY_PREFIX,
-    ConditionalWritesUnsupported,
-    ConditionalWriteSupport,
-    PreconditionFailed,
-    S3Store,
-)
+from tiered.cold.s3 import MIN_PART_SIZE, PROBE_KEY_PREFIX, ConditionalWriteSupport, S3Store
 from tiered.cold.store import (
+    ConditionalWritesUnsupported,
     ObjectExists,
     ObjectNotFound,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    PreconditionFailed,
     ReadOnlyStore,
 )
 
@@ -52,12 +47,6 @@ from . import ceph_rgw as rgw
 from . import http_helpers as http
 from . import s3_server
 from .server_process import ServerProcess
-
-# Re-exported so pytest finds the fixtures in this module (tests/conftest.py is not ours).
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-ceph_rgw = rgw.ceph_rgw
-ceph_rgw_env = rgw.ceph_rgw_env
 
 pytestmark = pytest.mark.timeout(300)
 

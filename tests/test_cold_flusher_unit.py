@@ -574,12 +574,14 @@ class FlakyStore:
         self.failed_puts: list[str] = []
         self.puts: list[str] = []
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
         if self.down:
             self.failed_puts.append(key)
             raise ObjectStoreUnavailable(f"injected outage for {key}")
         self.puts.append(key)
-        return await self.inner.put(key, data, if_none_match=if_none_match)
+        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
         if self.down and self.fail_gets:

@@ -7,7 +7,9 @@
 * The Parquet objects under ``<data-dir>/cold/data`` hold exactly the served
   bytes of every stream, with the documented schema.
 * Packing: a thousand quiet streams cost one or two objects, not a thousand.
-* S3 (moto's HTTP server): the same round trip with the data served from S3.
+* S3: the same round trip with the data served from S3, on every S3 store of
+  ``s3_backends.py`` (moto; moto with IAM enforced, as a user holding only the
+  policy ``terraform/iam.tf`` grants; Ceph RGW over HTTP and over HTTPS).
 * S3 outage: appends are accepted until the hot cap, then 503 + Retry-After;
   cold-only reads fail promptly with 503; once S3 is back, flushing resumes and
   every acknowledged byte is readable.
@@ -42,12 +44,9 @@ from moto.server import ThreadedMotoServer
 
 from tiered.ids import format_offset, parse_offset
 
-from . import s3_server
+from . import s3_backends, s3_server
 from .http_helpers import request
 from .server_process import ServerProcess, free_port
-
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 MiB = 1024 * 1024
 OCTET = "application/octet-stream"
@@ -195,8 +194,7 @@ def local_tables(data_dir: Path) -> list[tuple[str, pa.Table]]:
     return [(p.name, pq.read_table(p)) for p in sorted((data_dir / "cold" / "data").glob("*.parquet"))]
 
 
-def s3_tables(endpoint: str, bucket: str, prefix: str) -> list[tuple[str, pa.Table]]:
-    client = boto3.client("s3", endpoint_url=endpoint, region_name=s3_server.REGION)
+def s3_tables(client: Any, bucket: str, prefix: str) -> list[tuple[str, pa.Table]]:
     out = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/data/"):
         for item in page.get("Contents", []):
@@ -543,8 +541,8 @@ def s3_args(endpoint: str, bucket: str, prefix: str) -> list[str]:
         endpoint,
         "--s3-region",
         s3_server.REGION,
-        "--s3-path-style",
-        "true",
+        "--s3-addressing-style",
+        "path",
     ]
 
 
@@ -553,13 +551,12 @@ def s3_env() -> dict[str, str]:
     return dict(s3_server._TEST_ENV)
 
 
+@pytest.mark.parametrize("s3_backend", s3_backends.ALL, indirect=True)
 def test_s3_round_trip_serves_cold_data_from_the_bucket(
-    moto_s3: s3_server.S3Endpoint, tmp_path: Path
+    s3_backend: s3_backends.S3Backend, tmp_path: Path
 ) -> None:
-    prefix = f"cold-tier-{time.monotonic_ns()}"
-    srv = ServerProcess(
-        tmp_path / "data", *FAST_FLUSH, *s3_args(moto_s3.url, moto_s3.bucket, prefix), env=s3_env()
-    )
+    """Every S3 store (moto, moto as an IAM user with iam.tf's policy, Ceph RGW over HTTP and HTTPS)."""
+    srv = ServerProcess(tmp_path / "data", *FAST_FLUSH, *s3_backend.serve_args(), env=s3_backend.env)
     srv.start()
     try:
         models = populate(srv, seed=4, binary=8, json_streams=1, records=130)
@@ -567,10 +564,13 @@ def test_s3_round_trip_serves_cold_data_from_the_bucket(
         create(srv.url, ticker)
         models.append(ticker)
         assert sum(len(m.data) - m.fork_offset for m in models) > 2 * MiB
-        tables = lambda: s3_tables(moto_s3.url, moto_s3.bucket, prefix)  # noqa: E731
+        client = s3_backend.client()
+        tables = lambda: s3_tables(client, s3_backend.bucket, s3_backend.prefix)  # noqa: E731
         wait_until_cold(srv, models, ticker, tables)
         keys = [k for k, _ in tables()]
-        assert keys and all(k.startswith(f"{prefix}/data/") and k.endswith(".parquet") for k in keys), keys
+        assert keys and all(
+            k.startswith(f"{s3_backend.prefix}/data/") and k.endswith(".parquet") for k in keys
+        ), keys
         assert not (srv.data_dir / "cold" / "data").exists(), "cold objects went to the local store"
         check_reads(srv.url, models)
         assert srv.stop() == 0, srv.log()
@@ -656,7 +656,7 @@ def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(
         for _ in range(15):
             append(srv.url, cold, rng.randbytes(10_000))
         wait(
-            lambda: all_cold([cold], rows_by_stream(s3_tables(moto.url, bucket, "outage"))),
+            lambda: all_cold([cold], rows_by_stream(s3_tables(client, bucket, "outage"))),
             20,
             "cold-only in S3",
         )
@@ -699,7 +699,7 @@ def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(
             append(srv.url, hot, rng.randbytes(10_000))
         check_reads(srv.url, [cold, hot])
         wait(
-            lambda: all_cold([cold, hot], rows_by_stream(s3_tables(moto.url, bucket, "outage"))),
+            lambda: all_cold([cold, hot], rows_by_stream(s3_tables(client, bucket, "outage"))),
             30,
             "data written during the outage to reach S3",
         )

@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from . import s3_server
+from .s3_backends import WITHOUT_IAM, S3Backend
 from .server_process import ServerProcess
-
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 HERE = Path(__file__).parent / "conformance"
 EXPECTED_PASSED = 332  # every non-subscription test of suite 0.3.6
@@ -120,33 +117,22 @@ def test_conformance_suite_aggressive_flush_to_local_store(tmp_path: Path) -> No
 
 
 @pytest.mark.conformance
-def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> None:
-    """Against moto's S3 server, hot copies dropped at once: reads really come from S3."""
+@pytest.mark.parametrize("s3_backend", WITHOUT_IAM, indirect=True)
+def test_conformance_suite_cold_reads_from_s3(tmp_path: Path, s3_backend: S3Backend) -> None:
+    """Against moto and Ceph RGW (HTTP, and HTTPS with its own CA), hot copies dropped at once:
+    reads really come from S3."""
     _require_node()
     _run_against(
         ServerProcess(
             tmp_path / "data",
             "--long-poll-timeout-s",
             "3",
-            "--cold-store",
-            "s3",
-            "--s3-bucket",
-            moto_s3.bucket,
-            "--s3-prefix",
-            "conformance",
-            "--s3-endpoint",
-            moto_s3.url,
-            "--s3-region",
-            moto_s3.region,
-            "--s3-path-style",
-            "true",
+            *s3_backend.serve_args(),
             "--flush-interval-s",
             "0.05",
             "--hot-retention-s",
             "0",
-            env={
-                k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-            },
+            env=s3_backend.env,
         )
     )
 

@@ -328,6 +328,16 @@ COUNTERS = (  # family names: the samples end in _total
     "tiered_gc_errors",
     "tiered_http_requests",
 )
+BUCKET_FAMILIES = {  # per-bucket (tiered.tenants.metrics): no series before a bucket has usage
+    "tiered_bucket_appended_bytes": "counter",
+    "tiered_bucket_appended_records": "counter",
+    "tiered_bucket_egress_bytes": "counter",
+    "tiered_bucket_requests": "counter",
+    "tiered_bucket_retained_bytes": "gauge",
+    "tiered_bucket_streams": "gauge",
+    "tiered_bucket_live_readers": "gauge",
+    "tiered_bucket_quota_refusals": "counter",
+}
 HISTOGRAMS = (
     "tiered_append_seconds",
     "tiered_fsync_seconds",
@@ -366,8 +376,11 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             **{name: "gauge" for name in GAUGES},
             **{name: "counter" for name in COUNTERS},
             **{name: "histogram" for name in HISTOGRAMS},
+            **BUCKET_FAMILIES,
         }
-        state = {k: v for k, v in m.items() if not k.startswith(HISTOGRAMS + ("tiered_http_",))}
+        state = {
+            k: v for k, v in m.items() if not k.startswith(HISTOGRAMS + ("tiered_http_", "tiered_bucket_"))
+        }
         assert set(state) == {
             "tiered_streams",
             "tiered_hot_bytes",

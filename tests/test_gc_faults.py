@@ -15,8 +15,9 @@ fsync. Then a new service recovers the same data dir.
   else (appends, reads, flushes, erasure go on meanwhile) and changes nothing it should
   not; a later pass succeeds.
 
-The crash tests run on the local-dir store and on S3 (moto's server), so the S3 delete and
-list paths run for real. A real ``S3Store`` is also pointed at an endpoint that accepts
+The crash tests run on the local-dir store and on S3 (moto's server, moto as an IAM user
+holding only iam.tf's policy, Ceph RGW over HTTP and over HTTPS), so the S3 delete and list
+paths run for real. A real ``S3Store`` is also pointed at an endpoint that accepts
 connections and never answers (its own timeouts fire) and at a moto bucket that does not
 exist (every call errors). And one test SIGKILLs a real ``tiered serve`` right after an
 acknowledged erasure, then collects after the restart.
@@ -35,7 +36,6 @@ from typing import Any
 
 import pytest
 
-from tests import s3_server
 from tests.gc_support import (
     ControlledStore,
     Harness,
@@ -46,6 +46,7 @@ from tests.gc_support import (
     object_files,
 )
 from tests.http_helpers import request as http
+from tests.s3_backends import ALL, backend_for
 from tests.server_process import ServerProcess
 from tiered.cold.keys import key_time_ms, new_object_key
 from tiered.cold.retry import RetryPolicy
@@ -62,8 +63,6 @@ from tiered.streams.records import (
 
 pytestmark = pytest.mark.timeout(120)
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 GRACE_MS = 10_000
 KEPT = [b"kept-" + bytes(range(256)) * 6, b"kept-second", b"\x00" * 999]
@@ -88,8 +87,10 @@ class CrashingStore(ControlledStore):
         self.crash_put = ""  # "", "after"
         self.crash_delete = ""  # "", "before", "after"
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> Any:
-        info = await super().put(key, data, if_none_match=if_none_match)
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> Any:
+        info = await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
         if self.crash_put == "after":
             die_here(self.harness.s, f"after uploading {key}")
         return info
@@ -107,25 +108,17 @@ class CrashingStore(ControlledStore):
 # --------------------------------------------------------------------------- stores
 
 
-@pytest.fixture(params=["local", "s3"])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def config_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Config:
-    if kind == "local":
-        return make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
-    endpoint: s3_server.S3Endpoint = request.getfixturevalue("moto_s3")
-    return make_config(
-        tmp_path / "data",
-        gc_grace_s=GRACE_MS / 1000,
-        cold_store="s3",
-        s3_bucket=endpoint.bucket,
-        s3_prefix=f"faults-{time.monotonic_ns()}",
-        s3_endpoint=endpoint.url,
-        s3_region=endpoint.region,
-        s3_path_style=True,
-    )
+@pytest.fixture(params=["local", *ALL])
+def config(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Config]:
+    """A node's config on the local store, or on an S3 store of s3_backends.py (moto, moto with
+    iam.tf's policy enforced, Ceph RGW over HTTP and over HTTPS)."""
+    if request.param == "local":
+        yield make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
+        return
+    with backend_for(request.param, request, monkeypatch) as backend:
+        yield make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000, **backend.config())
 
 
 async def stored_keys(h: Harness) -> set[str]:
@@ -156,10 +149,7 @@ async def setup_released_object(h: Harness, clock: VirtualClock) -> tuple[str, s
 # --------------------------------------------------------------------------- crash points
 
 
-def test_crash_after_upload_before_commit(
-    tmp_path: Path, store_kind: str, request: pytest.FixtureRequest
-) -> None:
-    config = config_for(store_kind, tmp_path, request)
+def test_crash_after_upload_before_commit(config: Config) -> None:
     clock = VirtualClock()
     h = Harness(config, wrap=lambda inner: CrashingStore(inner, h), clock=clock)
     data = [b"first " * 100, b"second " * 50]
@@ -223,12 +213,9 @@ def test_crash_after_upload_before_commit(
 
 
 @pytest.mark.parametrize("crash_point", ["before", "after"])
-def test_crash_around_the_store_delete(
-    tmp_path: Path, store_kind: str, crash_point: str, request: pytest.FixtureRequest
-) -> None:
+def test_crash_around_the_store_delete(config: Config, crash_point: str) -> None:
     """'before': ColdDeleteStarted journaled, object still there. 'after': object gone, no
     ColdDeleteFinished. Either way the next pass after a restart finishes the delete."""
-    config = config_for(store_kind, tmp_path, request)
     clock = VirtualClock()
     h = Harness(config, wrap=lambda inner: CrashingStore(inner, h), clock=clock)
 
@@ -300,8 +287,7 @@ def _observable(h: Harness) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("fault", ["delete-error", "delete-hang", "list-error", "list-hang"])
-def test_store_errors_and_timeouts_are_reported_and_block_nothing(tmp_path: Path, fault: str) -> None:
-    config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
+def test_store_errors_and_timeouts_are_reported_and_block_nothing(config: Config, fault: str) -> None:
     clock = VirtualClock()
     h = Harness(config, wrap=lambda inner: ControlledStore(inner, hang_s=1.5), clock=clock)
     op, mode = fault.split("-")
@@ -375,7 +361,7 @@ def test_store_errors_and_timeouts_are_reported_and_block_nothing(tmp_path: Path
     asyncio.run(body())
 
 
-def test_delete_rejected_per_key_is_reported_and_retried(tmp_path: Path) -> None:
+def test_delete_rejected_per_key_is_reported_and_retried(config: Config) -> None:
     """A store that answers a batch delete with per-key failures (S3 DeleteObjects 'Errors')."""
     from tiered.cold.store import DeleteFailure
 
@@ -388,7 +374,6 @@ def test_delete_rejected_per_key_is_reported_and_retried(tmp_path: Path) -> None
             await self.inner.delete_many(ok)
             return [DeleteFailure(k, "AccessDenied", "injected") for k in keys if k in self.refuse]
 
-    config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     clock = VirtualClock()
     h = Harness(config, wrap=PartialStore, clock=clock)
 

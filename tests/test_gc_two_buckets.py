@@ -10,7 +10,8 @@
   their object deleted after the grace delay.
 
 In-process tests run the real ``StreamService`` with a virtual clock; the HTTP test runs
-``tiered serve`` against moto's S3 server and drives GC with ``POST /v1/admin/gc``.
+``tiered serve`` against every S3 store of ``s3_backends.py`` (moto, moto with iam.tf's
+policy enforced, Ceph RGW over HTTP and HTTPS) and drives GC with ``POST /v1/admin/gc``.
 """
 
 from __future__ import annotations
@@ -21,23 +22,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests import s3_server
 from tests.error_helpers import http_status
 from tests.gc_support import Harness, VirtualClock, journal_records, make_config, object_files
 from tests.http_helpers import append, create, read, read_all, request, stream_url
+from tests.s3_backends import ALL, S3Backend
 from tests.server_process import ServerProcess
 from tiered.errors import TieredError as StreamError
 from tiered.streams.records import BucketErased, ColdDeleteFinished, ColdDeleteStarted
 
 pytestmark = pytest.mark.timeout(120)
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 GRACE_S = 10.0
 GRACE_MS = int(GRACE_S * 1000)
@@ -190,27 +188,15 @@ def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is
     asyncio.run(body())
 
 
-# --------------------------------------------------------------------------- over HTTP, on S3 (moto)
+# --------------------------------------------------------------------------- over HTTP, on S3
 
 
 @pytest.fixture
-def s3_server_proc(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> Iterator[tuple[ServerProcess, str]]:
-    prefix = f"two-buckets-{time.monotonic_ns()}"
+def s3_server_proc(tmp_path: Path, s3_backend: S3Backend) -> Iterator[ServerProcess]:
     flush_bytes = 64 * 1024
     srv = ServerProcess(
         tmp_path / "data",
-        "--cold-store",
-        "s3",
-        "--s3-bucket",
-        moto_s3.bucket,
-        "--s3-prefix",
-        prefix,
-        "--s3-endpoint",
-        moto_s3.url,
-        "--s3-path-style",
-        "true",
-        "--s3-region",
-        moto_s3.region,
+        *s3_backend.serve_args(),
         # No timed flush: the flush starts when both buckets' appends are waiting (flush_bytes).
         "--flush-interval-s",
         "3600",
@@ -224,18 +210,16 @@ def s3_server_proc(tmp_path: Path, moto_s3: s3_server.S3Endpoint) -> Iterator[tu
         "3600",
         "--long-poll-timeout-s",
         "2",
-        env={"TIERED_ADMIN_TOKEN": ""},  # loopback, no token: admin calls allowed
+        env={**s3_backend.env, "TIERED_ADMIN_TOKEN": ""},  # loopback, no token: admin calls allowed
     ).start()
     try:
-        yield srv, prefix
+        yield srv
     finally:
         srv.stop()
 
 
-def _s3_keys(endpoint: s3_server.S3Endpoint, prefix: str) -> set[str]:
-    s3 = boto3.client("s3", endpoint_url=endpoint.url, region_name=endpoint.region)
-    resp = s3.list_objects_v2(Bucket=endpoint.bucket, Prefix=prefix + "/data/")
-    return {item["Key"] for item in resp.get("Contents", [])}
+def _s3_keys(backend: S3Backend) -> set[str]:
+    return set(backend.keys("data/"))
 
 
 def _metric(srv: ServerProcess, name: str) -> float:
@@ -261,10 +245,10 @@ def _gc(srv: ServerProcess) -> dict:  # type: ignore[type-arg]
     return json.loads(body)
 
 
-def test_shared_object_on_s3_over_http(
-    s3_server_proc: tuple[ServerProcess, str], moto_s3: s3_server.S3Endpoint
-) -> None:
-    srv, prefix = s3_server_proc
+@pytest.mark.parametrize("s3_backend", ALL, indirect=True)
+def test_shared_object_on_s3_over_http(s3_server_proc: ServerProcess, s3_backend: S3Backend) -> None:
+    """On every S3 store of s3_backends.py; each GC pass also reconciles (lists the prefix)."""
+    srv = s3_server_proc
     a_url, b_url = stream_url(srv.url, "shared/a", "alpha"), stream_url(srv.url, "shared/b", "beta")
     f_url = stream_url(srv.url, "fork-of-a", "beta")
     for b in ("alpha", "beta"):
@@ -279,9 +263,8 @@ def test_shared_object_on_s3_over_http(
     assert append(b_url, b"\x01" * 4_000)[0] == 204
     b_bytes += b"\x01" * 4_000
     _wait(lambda: _metric(srv, "tiered_cold_objects") == 1, "the flush")
-    [key] = _s3_keys(moto_s3, prefix)
-    s3 = boto3.client("s3", endpoint_url=moto_s3.url, region_name=moto_s3.region)
-    table = pq.read_table(pa.BufferReader(s3.get_object(Bucket=moto_s3.bucket, Key=key)["Body"].read()))
+    [key] = _s3_keys(s3_backend)
+    table = pq.read_table(pa.BufferReader(s3_backend.read(key)))
     assert set(table.column("bucket").to_pylist()) == {"alpha", "beta"}  # one object, two owners
     # A fork in beta of alpha's stream, at alpha's tail (inherits all of a_bytes from the shared object).
     status, _, _ = request("PUT", f_url, {"Stream-Forked-From": "/v1/buckets/alpha/stream/shared/a"}, b"")
@@ -292,19 +275,19 @@ def test_shared_object_on_s3_over_http(
     time.sleep(0.7)  # past the grace delay
     report = _gc(srv)
     assert report["objects_deleted"] == 0 and report["errors"] == [] and report["integrity_errors"] == []
-    assert _s3_keys(moto_s3, prefix) == {key}
+    assert _s3_keys(s3_backend) == {key}
     assert read_all(b_url)[0] == b_bytes
     assert read_all(f_url)[0] == a_bytes
 
     assert request("DELETE", f"{srv.url}/v1/buckets/beta")[0] == 204
     report = _gc(srv)  # immediately: still within the grace delay
     assert report["objects_deleted"] == 0 and report["objects_released"] == 1, report
-    assert _s3_keys(moto_s3, prefix) == {key}
+    assert _s3_keys(s3_backend) == {key}
     time.sleep(0.7)
     report = _gc(srv)
     assert report["objects_deleted"] == 1 and report["bytes_deleted"] > 0, report
     assert report["errors"] == [] and report["integrity_errors"] == []
-    assert _s3_keys(moto_s3, prefix) == set()
+    assert _s3_keys(s3_backend) == set()
     assert _metric(srv, "tiered_cold_objects") == 0
     assert _metric(srv, "tiered_gc_objects_deleted_total") == 1
     status, _, body = request("GET", srv.url + "/v1/admin/gc")

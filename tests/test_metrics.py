@@ -25,6 +25,7 @@ from typing import Any
 import hcl2
 import pytest
 
+from tests.auth_support import OPERATOR, AuthServer, bearer
 from tests.gc_support import ControlledStore, HttpHarness, VirtualClock, make_config
 from tests.http_helpers import request
 from tests.metrics_helpers import families, samples, scrape, scrape_text
@@ -181,6 +182,30 @@ def test_route_labels_stay_few_whatever_paths_clients_send(tmp_path: Path) -> No
         srv.stop()
 
 
+def test_requests_refused_by_auth_count_under_the_route_they_were_meant_for(tmp_path: Path) -> None:
+    """Auth answers before the router; the count still names the route, never ``unmatched``."""
+    srv = AuthServer(tmp_path / "data", mode="tokens").start()
+    try:
+        srv.bucket("acme")
+        writer = bearer(srv.token("acme", "write")["token"])
+        stream = srv.url + "/v1/buckets/acme/stream/s"
+        assert request("PUT", stream, {**writer, **OCTET})[0] == 201
+        assert request("POST", stream, {**OCTET}, b"x")[0] == 401  # no credential
+        assert request("POST", stream, {**bearer("not-a-token"), **OCTET}, b"x")[0] == 401
+        reader_elsewhere = bearer(srv.token("default", "read")["token"])
+        assert request("GET", stream + "?offset=-1", reader_elsewhere)[0] == 404  # no grant: hidden
+        assert request("GET", srv.url + "/v1/admin/gc")[0] == 401  # the admin guard, behind the router
+        assert request("POST", stream, {**writer, **OCTET}, b"x")[0] == 204
+        m = samples(scrape_text(srv, OPERATOR))
+        assert m['tiered_http_requests_total{route="append",status="401"}'] == 2
+        assert m['tiered_http_requests_total{route="append",status="204"}'] == 1
+        assert m['tiered_http_requests_total{route="read",status="404"}'] == 1
+        assert m['tiered_http_requests_total{route="/v1/admin/gc",status="401"}'] == 1
+        assert not any('route="unmatched"' in key for key in m), m
+    finally:
+        srv.stop()
+
+
 # --------------------------------------------------------------------------- GC errors
 
 
@@ -243,9 +268,14 @@ def _unquote(value: str) -> str:
 
 
 def exposed_names(text: str) -> set[str]:
-    """Names a dashboard or alarm may use: every sample's, and each histogram's own."""
-    names = {s.name for family in families(text).values() for s in family.samples}
-    return names | {f.name for f in families(text).values() if f.type == "histogram"}
+    """Names a dashboard or alarm may use: every sample's, and every family's (a counter's with ``_total``).
+
+    Families count even without a series yet (``tiered_bucket_quota_refusals_total``
+    before any refusal).
+    """
+    found = families(text).values()
+    names = {s.name for family in found for s in family.samples}
+    return names | {f.name + "_total" if f.type == "counter" else f.name for f in found}
 
 
 def full_scrape(tmp_path: Path) -> str:

@@ -36,14 +36,11 @@ from tiered.cold.store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    PreconditionFailed,
+    ReadOnlyStore,
 )
 
-from . import s3_server
 from .s3_server import S3Endpoint
-
-# Re-exported so pytest finds the fixtures in this module (tests/conftest.py is not ours).
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -235,6 +232,59 @@ def test_concurrent_conditional_creates_have_one_winner(backend: Backend) -> Non
         assert len(winners) == 1, results
         assert all(isinstance(r, ObjectExists) for r in results if not isinstance(r, ObjectInfo))
         assert await store.get("race") == winners[0]
+
+    backend.run(scenario)
+
+
+def test_compare_and_set_replaces_only_the_version_read(backend: Backend) -> None:
+    async def scenario(store: Any) -> None:
+        v1 = await store.put("cas", b"v1")
+        read = await store.get_with_info("cas")
+        assert read.data == b"v1" and read.info.etag == v1.etag and read.info.size == 2
+        v2 = await store.put("cas", b"v2!", if_match=read.info.etag)
+        assert v2.etag != v1.etag and v2.size == 3
+        head = await store.head("cas")
+        assert head is not None and head.etag == v2.etag
+        # The version read is gone: a second writer holding its ETag loses.
+        with pytest.raises(PreconditionFailed) as lost:
+            await store.put("cas", b"stale", if_match=v1.etag)
+        assert lost.value.outcome_unknown is False
+        # Quoted ETags (as S3 sends them) work too.
+        v3 = await store.put("cas", b"v3", if_match=f'"{v2.etag}"')
+        assert (await store.get_with_info("cas")).info.etag == v3.etag
+        assert await store.get("cas") == b"v3"
+
+    backend.run(scenario)
+
+
+def test_compare_and_set_needs_an_object(backend: Backend) -> None:
+    async def scenario(store: Any) -> None:
+        with pytest.raises(PreconditionFailed):
+            await store.put("absent", b"x", if_match="0123456789abcdef")
+        assert await store.head("absent") is None
+        with pytest.raises(ObjectNotFound):
+            await store.get_with_info("absent")
+        # A deleted object's ETag no longer matches anything.
+        gone = await store.put("gone", b"x")
+        await store.delete("gone")
+        with pytest.raises(PreconditionFailed):
+            await store.put("gone", b"y", if_match=gone.etag)
+        assert await store.head("gone") is None
+
+    backend.run(scenario)
+
+
+def test_concurrent_compare_and_sets_have_one_winner(backend: Backend) -> None:
+    async def scenario(store: Any) -> None:
+        base = await store.put("lease", b"free")
+        bodies = [f"holder-{i}".encode() for i in range(8)]
+        results = await asyncio.gather(
+            *(store.put("lease", body, if_match=base.etag) for body in bodies), return_exceptions=True
+        )
+        winners = [bodies[i] for i, r in enumerate(results) if isinstance(r, ObjectInfo)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, PreconditionFailed) for r in results if not isinstance(r, ObjectInfo))
+        assert await store.get("lease") == winners[0]
 
     backend.run(scenario)
 
@@ -465,6 +515,74 @@ def test_local_closed_store_refuses_work(tmp_path: Any) -> None:
             await _keys(store)
 
     asyncio.run(scenario())
+
+
+def _increment_with_compare_and_set(root: str, times: int) -> int:
+    """In a separate process: add 1 to the counter object ``times`` times; returns the lost races."""
+
+    async def main() -> int:
+        lost = 0
+        async with LocalDirStore(root) as store:
+            done = 0
+            while done < times:
+                current = await store.get_with_info("counter")
+                try:
+                    await store.put("counter", b"%d" % (int(current.data) + 1), if_match=current.info.etag)
+                    done += 1
+                except PreconditionFailed:
+                    lost += 1
+        return lost
+
+    return asyncio.run(main())
+
+
+def test_local_compare_and_set_is_atomic_across_processes(tmp_path: Any) -> None:
+    """Four processes increment one counter by read-modify-write: no update is lost."""
+    import multiprocessing
+
+    asyncio.run(_put_once(tmp_path, "counter", b"0"))
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        lost = pool.starmap(_increment_with_compare_and_set, [(str(tmp_path), 25)] * 4)
+    assert (tmp_path / "counter").read_bytes() == b"100"
+    print(f"lost compare-and-set races: {lost}")
+
+
+async def _put_once(root: Any, key: str, data: bytes) -> None:
+    async with LocalDirStore(root) as store:
+        await store.put(key, data)
+
+
+def test_local_compare_and_set_and_delete_exclude_each_other(tmp_path: Any) -> None:
+    """A delete cannot slip between a compare-and-set's check and its replace."""
+
+    async def scenario(store: LocalDirStore) -> None:
+        for round_ in range(30):
+            info = await store.put("k", b"%d" % round_)
+            results = await asyncio.gather(
+                store.put("k", b"replaced", if_match=info.etag), store.delete("k"), return_exceptions=True
+            )
+            replaced, deleted = results
+            assert deleted is None, results
+            # Either the delete came first (the compare-and-set finds nothing) or the
+            # replace did (and the delete removes it): never a replace that re-creates
+            # the object after the delete.
+            assert isinstance(replaced, (ObjectInfo, PreconditionFailed)), results
+            assert await store.head("k") is None
+
+    _run_local(tmp_path, scenario)
+
+
+def test_read_only_store_refuses_compare_and_set(tmp_path: Any) -> None:
+    async def scenario(store: LocalDirStore) -> None:
+        info = await store.put("k", b"x")
+        read_only = ReadOnlyStore(store)
+        with pytest.raises(ObjectStoreError, match="read-only"):
+            await read_only.put("k", b"y", if_match=info.etag)
+        found = await read_only.get_with_info("k")
+        assert found.data == b"x" and found.info.etag == info.etag
+
+    _run_local(tmp_path, scenario)
 
 
 def test_local_io_runs_off_the_event_loop(tmp_path: Any) -> None:

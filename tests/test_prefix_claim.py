@@ -1,7 +1,7 @@
 """One server per object-store prefix.
 
-Two ``tiered serve`` processes with their own data dirs on one moto bucket and
-prefix: the second refuses to start (exit 1, a message naming both ways out),
+Two ``tiered serve`` processes with their own data dirs on one bucket and prefix
+(moto, and Ceph RGW over HTTP and HTTPS, whose If-Match takes bare ETags): the second refuses to start (exit 1, a message naming both ways out),
 a restart of the first is the same owner, and an explicit ``--take-over-prefix``
 moves the claim: the old owner, still running, stops writing and deleting
 there (its GC deletes nothing, its flusher copies nothing, ``/readyz`` says why),
@@ -12,47 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import logging
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 
-from tests import s3_server
 from tests.http_helpers import request
+from tests.s3_backends import WITHOUT_IAM, S3Backend
 from tests.server_process import ServerProcess
 from tiered.cold.claim import CLAIM_KEY, PrefixClaim, PrefixClaimed, load_identity
 from tiered.cold.localdir import LocalDirStore
-
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
 
 pytestmark = pytest.mark.timeout(120)
 OCTET = {"Content-Type": "application/octet-stream"}
 
 
-def keys(endpoint: s3_server.S3Endpoint, prefix: str) -> set[str]:
-    client = boto3.client("s3", endpoint_url=endpoint.url, region_name=endpoint.region)
-    resp = client.list_objects_v2(Bucket=endpoint.bucket, Prefix=prefix + "/data/")
-    return {item["Key"] for item in resp.get("Contents", [])}
+def keys(backend: S3Backend) -> set[str]:
+    return set(backend.keys("data/"))
 
 
-def server(data: Path, endpoint: s3_server.S3Endpoint, prefix: str, *extra: str) -> ServerProcess:
+def server(data: Path, backend: S3Backend, *extra: str) -> ServerProcess:
     return ServerProcess(
         data,
-        "--cold-store",
-        "s3",
-        "--s3-bucket",
-        endpoint.bucket,
-        "--s3-prefix",
-        prefix,
-        "--s3-endpoint",
-        endpoint.url,
-        "--s3-region",
-        endpoint.region,
-        "--s3-path-style",
-        "true",
+        *backend.serve_args(),
         "--flush-interval-s",
         "0.1",
         "--hot-retention-s",
@@ -62,7 +45,7 @@ def server(data: Path, endpoint: s3_server.S3Endpoint, prefix: str, *extra: str)
         "--gc-interval-s",
         "3600",
         *extra,
-        env={k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")},
+        env=backend.env,
     )
 
 
@@ -74,16 +57,14 @@ def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no
         time.sleep(0.05)
 
 
-def test_a_second_server_on_the_same_prefix_refuses_to_start(
-    tmp_path: Path, moto_s3: s3_server.S3Endpoint
-) -> None:
-    prefix = f"claim-{time.monotonic_ns()}"
-    a = server(tmp_path / "a", moto_s3, prefix).start()
-    b = server(tmp_path / "b", moto_s3, prefix)
+@pytest.mark.parametrize("s3_backend", WITHOUT_IAM, indirect=True)
+def test_a_second_server_on_the_same_prefix_refuses_to_start(tmp_path: Path, s3_backend: S3Backend) -> None:
+    a = server(tmp_path / "a", s3_backend).start()
+    b = server(tmp_path / "b", s3_backend)
     try:
         assert request("PUT", a.url + "/v1/stream/s", OCTET, b"a" * 3000)[0] == 201
-        wait_for(lambda: len(keys(moto_s3, prefix)) == 1, "A's object")
-        a_objects = keys(moto_s3, prefix)
+        wait_for(lambda: len(keys(s3_backend)) == 1, "A's object")
+        a_objects = keys(s3_backend)
         with pytest.raises(RuntimeError, match="exited with 1"):
             b.start()
         log = b.log()
@@ -93,7 +74,7 @@ def test_a_second_server_on_the_same_prefix_refuses_to_start(
             and "--s3-prefix" in log
         ), log
         assert "Traceback" not in log
-        assert keys(moto_s3, prefix) == a_objects
+        assert keys(s3_backend) == a_objects
         assert a.stop() == 0
         a.start()  # a restart of the same data dir is the same owner
         assert request("GET", a.url + "/v1/stream/s?offset=-1")[2] == b"a" * 3000
@@ -102,33 +83,31 @@ def test_a_second_server_on_the_same_prefix_refuses_to_start(
         b.kill()
 
 
-def test_take_over_stops_the_old_owner_writing_and_deleting(
-    tmp_path: Path, moto_s3: s3_server.S3Endpoint
-) -> None:
-    prefix = f"takeover-{time.monotonic_ns()}"
-    a = server(tmp_path / "a", moto_s3, prefix).start()
-    b = server(tmp_path / "b", moto_s3, prefix, "--take-over-prefix", "true")
+@pytest.mark.parametrize("s3_backend", WITHOUT_IAM, indirect=True)
+def test_take_over_stops_the_old_owner_writing_and_deleting(tmp_path: Path, s3_backend: S3Backend) -> None:
+    a = server(tmp_path / "a", s3_backend).start()
+    b = server(tmp_path / "b", s3_backend, "--take-over-prefix", "true")
     try:
         assert request("PUT", a.url + "/v1/stream/s", OCTET, b"a" * 3000)[0] == 201
-        wait_for(lambda: len(keys(moto_s3, prefix)) == 1, "A's object")
-        a_objects = keys(moto_s3, prefix)
+        wait_for(lambda: len(keys(s3_backend)) == 1, "A's object")
+        a_objects = keys(s3_backend)
         b.start()
         assert request("PUT", b.url + "/v1/stream/t", OCTET, b"b" * 3000)[0] == 201
-        wait_for(lambda: len(keys(moto_s3, prefix)) == 2, "B's object")
-        both = keys(moto_s3, prefix)
+        wait_for(lambda: len(keys(s3_backend)) == 2, "B's object")
+        both = keys(s3_backend)
         assert len(both - a_objects) == 1
         # A learns at its next check (forced by its GC pass) and deletes nothing there, orphans included.
         status, _, raw = request("POST", a.url + "/v1/admin/gc")
         report = json.loads(raw)
         assert status == 200 and report["orphans_deleted"] == 0 and report["objects_deleted"] == 0, report
         assert any("claimed by another data dir" in e for e in report["errors"]), report
-        assert keys(moto_s3, prefix) == both
+        assert keys(s3_backend) == both
         status, _, raw = request("GET", a.url + "/readyz")
         assert status == 503 and "claimed by another data dir" in json.loads(raw)["prefix"]
         # A's flusher copies nothing there any more: new data stays hot on A.
         assert request("POST", a.url + "/v1/stream/s", OCTET, b"more")[0] == 204
         time.sleep(1.0)
-        assert keys(moto_s3, prefix) == both
+        assert keys(s3_backend) == both
         assert request("GET", a.url + "/v1/stream/s?offset=-1")[2] == b"a" * 3000 + b"more"
         assert request("GET", b.url + "/v1/stream/t?offset=-1")[2] == b"b" * 3000
     finally:
@@ -155,5 +134,44 @@ def test_claim_object_and_identity(tmp_path: Path) -> None:
         await store.put(CLAIM_KEY, b"not json", if_none_match=False)
         with pytest.raises(PrefixClaimed, match="not readable"):
             await PrefixClaim(store, "third", "/x").acquire()
+
+    asyncio.run(main())
+
+
+class _RacingStore:
+    """A store on which another server takes the claim over between our read and our write, once."""
+
+    def __init__(self, inner: LocalDirStore) -> None:
+        self.inner = inner
+        self.raced = False
+
+    async def put(self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None):  # type: ignore[no-untyped-def]
+        if if_match is not None and not self.raced:
+            self.raced = True
+            await PrefixClaim(self.inner, "racer", "/data/racer").acquire(take_over=True)
+        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+
+def test_take_over_replaces_only_the_claim_it_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The take-over is a compare-and-set: when the claim changes under it, it reads again and
+    says from whom it really takes over, instead of overwriting a claim it never saw."""
+
+    async def main() -> None:
+        store = LocalDirStore(tmp_path / "store")
+        await PrefixClaim(store, "old", "/data/old").acquire()
+        racing = _RacingStore(store)
+        mine = PrefixClaim(racing, "mine", "/data/mine", recheck_s=0)  # type: ignore[arg-type]
+        with caplog.at_level(logging.WARNING, logger="tiered.cold.claim"):
+            await mine.acquire(take_over=True)
+        assert racing.raced
+        assert json.loads(await store.get(CLAIM_KEY))["identity"] == "mine"
+        taken_from = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+        # mine from old (refused: the claim had changed), racer from old, then mine from racer.
+        assert len(taken_from) == 3 and "from identity racer " in taken_from[-1], taken_from
+        racer = PrefixClaim(store, "racer", "/data/racer", held=True)
+        assert not await racer.still_held(force=True)
 
     asyncio.run(main())

@@ -37,10 +37,10 @@ class GatedNode(Node):
         self.reached = asyncio.Event()
         self.gate = asyncio.Event()
 
-    async def _open_store(self, *, read_only: bool) -> ObjectStore:
+    async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
         self.reached.set()
         await self.gate.wait()
-        return await super()._open_store(read_only=read_only)
+        return await super()._open_store(read_only=read_only, probe=probe)
 
 
 def test_ready_only_after_recovery_and_an_answer_from_the_store(tmp_path: Path) -> None:

@@ -24,9 +24,6 @@ from tests.http_helpers import request
 from tests.server_process import ServerProcess
 from tests.tcp_proxy import proxy_to
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-
 pytestmark = pytest.mark.timeout(120)
 OCTET = {"Content-Type": "application/octet-stream"}
 
@@ -63,8 +60,8 @@ def test_stalled_store_bounds_cold_reads_and_turns_readiness_off(
             proxy.url,
             "--s3-region",
             moto_s3.region,
-            "--s3-path-style",
-            "true",
+            "--s3-addressing-style",
+            "path",
             "--flush-interval-s",
             "0.1",
             "--hot-retention-s",

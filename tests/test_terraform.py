@@ -12,16 +12,20 @@ import dataclasses
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hcl2
 import pytest
 
 from tiered.config import Config, ConfigError, load_config
 
-TERRAFORM = Path(__file__).resolve().parent.parent / "terraform"
+from .terraform_hcl import TERRAFORM, Module
+from .terraform_hcl import as_list as _as_list
+from .terraform_hcl import blocks as _blocks
+from .terraform_hcl import one as _one
+from .terraform_hcl import statements as _statements
+from .terraform_hcl import strings as _strings
+
 MODULE = TERRAFORM
 EXAMPLE = TERRAFORM / "examples" / "single-node"
 TEMPLATES = TERRAFORM / "templates"
@@ -51,130 +55,6 @@ REQUIRED_MODULE_FILES = [
     "monitoring.tf",
     "outputs.tf",
 ]
-
-# ---------------------------------------------------------------- parsing helpers
-
-
-def _unquote(value: str) -> str:
-    # python-hcl2 >= 7 keeps the quotes of string literals ("\"x\""); older versions do not.
-    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
-        return value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-    return value
-
-
-def _norm(node: Any) -> Any:
-    """python-hcl2 output without its metadata keys and literal quotes, whatever its version."""
-    if isinstance(node, dict):
-        return {
-            _unquote(k): _norm(v)
-            for k, v in node.items()
-            if not (isinstance(k, str) and k.startswith("__") and k.endswith("__"))
-        }
-    if isinstance(node, list):
-        return [_norm(v) for v in node]
-    if isinstance(node, str):
-        return _unquote(node)
-    return node
-
-
-class Module:
-    """The blocks of every .tf file in one directory, merged."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.files = sorted(directory.glob("*.tf"))
-        self.raw: dict[str, dict[str, Any]] = {}
-        self.variables: dict[str, dict[str, Any]] = {}
-        self.locals: dict[str, Any] = {}
-        self.outputs: dict[str, dict[str, Any]] = {}
-        self.modules: dict[str, dict[str, Any]] = {}
-        self.resources: dict[tuple[str, str], dict[str, Any]] = {}
-        self.data: dict[tuple[str, str], dict[str, Any]] = {}
-        self.terraform: list[dict[str, Any]] = []
-        self.providers: list[dict[str, Any]] = []
-        for path in self.files:
-            with path.open() as f:
-                parsed = _norm(hcl2.load(f))
-            self.raw[path.name] = parsed
-            for block in parsed.get("variable", []):
-                self.variables.update(block)
-            for block in parsed.get("locals", []):
-                for name, value in block.items():
-                    assert name not in self.locals, f"local.{name} declared twice"
-                    self.locals[name] = value
-            for block in parsed.get("output", []):
-                self.outputs.update(block)
-            for block in parsed.get("module", []):
-                self.modules.update(block)
-            for kind, target in (("resource", self.resources), ("data", self.data)):
-                for block in parsed.get(kind, []):
-                    for rtype, named in block.items():
-                        for rname, body in named.items():
-                            assert (rtype, rname) not in target, f"{kind} {rtype}.{rname} declared twice"
-                            target[(rtype, rname)] = body
-            self.terraform += parsed.get("terraform", [])
-            self.providers += parsed.get("provider", [])
-
-    def resource(self, rtype: str, name: str) -> dict[str, Any]:
-        assert (rtype, name) in self.resources, f"resource {rtype}.{name} is not declared"
-        return self.resources[(rtype, name)]
-
-    def resources_of(self, rtype: str) -> dict[str, dict[str, Any]]:
-        return {name: body for (t, name), body in self.resources.items() if t == rtype}
-
-    def strings(self, *, skip_variable_blocks: bool = False) -> Iterator[str]:
-        for parsed in self.raw.values():
-            for kind, blocks in parsed.items():
-                if skip_variable_blocks and kind == "variable":
-                    continue
-                yield from _strings(blocks)
-
-    def resolve(self, value: Any) -> Any:
-        """A `${local.x}` expression replaced by the local's value (recursively)."""
-        if isinstance(value, str):
-            m = re.fullmatch(r"\$\{local\.([A-Za-z_][\w-]*)\}", value)
-            if m:
-                return self.resolve(self.locals[m.group(1)])
-        return value
-
-
-def _strings(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _strings(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _strings(value)
-    elif isinstance(node, str):
-        yield node
-
-
-def _blocks(body: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """A nested block's instances (hcl2 gives a list of dicts)."""
-    value = body.get(name, [])
-    return value if isinstance(value, list) else [value]
-
-
-def _one(body: dict[str, Any], name: str) -> dict[str, Any]:
-    blocks = _blocks(body, name)
-    assert len(blocks) == 1, f"expected one {name} block, found {len(blocks)}"
-    return blocks[0]
-
-
-def _statements(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Static and dynamic statements of an aws_iam_policy_document."""
-    statements = list(_blocks(doc, "statement"))
-    for dynamic in _blocks(doc, "dynamic"):
-        for label, body in dynamic.items():
-            if label == "statement":
-                statements += _blocks(body, "content")
-    return statements
-
-
-def _as_list(module: Module, value: Any) -> list[Any]:
-    value = module.resolve(value)
-    assert isinstance(value, list), f"expected a list, got {value!r}"
-    return [module.resolve(v) for v in value]
 
 
 def _placeholders(text: str) -> set[str]:
@@ -673,6 +553,7 @@ def _example_toml_values(module: Module) -> dict[str, Any]:
         "s3_prefix": "prod/node-a",
         "s3_region": "eu-west-1",
         "admin_token_file": module.locals["admin_token_credential_file"],
+        "auth": "tokens",
         "public_url": "",
     }
 
@@ -700,6 +581,7 @@ def test_tiered_toml_renders_to_a_config_tiered_accepts(module: Module, tmp_path
     assert module.locals["data_dir"] == "${local.mount_point}/data"
     assert config.admin_token_file == "/run/credentials/tiered.service/admin-token"
     assert config.max_hot_bytes == 53687091200
+    assert config.auth == "tokens" and config.exposure_problem() is None  # it would start on 0.0.0.0
 
 
 def test_tiered_toml_uses_only_config_keys_and_the_loader_would_catch_others(

@@ -25,6 +25,10 @@ ALL = ("serve", "verify", "gc")
 STORE = ALL
 OFFLINE_GC = ("serve", "gc")
 
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+CHECKSUM_MODES = ("auto", "when_supported", "when_required")
+CONDITIONAL_WRITES = ("probe", "off")
+
 
 def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
     """A configuration field: its default, what it does, and which commands use it (``--help`` shows only those)."""
@@ -86,8 +90,32 @@ class Config:
         "", "endpoint URL for S3-compatible stores (Ceph RGW, MinIO...); empty for AWS", STORE
     )
     s3_region: str = setting("", "S3 region (empty: from the AWS chain)", STORE)
-    s3_path_style: bool = setting(
-        False, "use path-style addressing, needed by many S3-compatible stores", STORE
+    s3_addressing_style: str = setting(
+        "auto",
+        "how the bucket is addressed: 'path' (https://host/bucket/key; most S3-compatible stores, Ceph RGW, "
+        "MinIO), 'virtual' (https://bucket.host/key) or 'auto' (virtual where the bucket name allows it)",
+        STORE,
+    )
+    s3_path_style: bool = setting(False, "deprecated: same as s3_addressing_style = 'path'", STORE)
+    s3_ca_bundle: str = setting(
+        "",
+        "PEM file of the CAs that sign the store's TLS certificate (a private CA); empty: the system's CAs "
+        "(or AWS_CA_BUNDLE)",
+        STORE,
+    )
+    s3_checksum_mode: str = setting(
+        "auto",
+        "request checksums: 'when_supported' (CRC32 on every upload, aws-chunked; AWS), 'when_required' "
+        "(Content-MD5 on every upload; what S3-compatible stores take, e.g. Ceph RGW over HTTPS), or 'auto' "
+        "(when_supported on AWS, when_required with s3_endpoint)",
+        STORE,
+    )
+    s3_conditional_writes: str = setting(
+        "probe",
+        "'probe': at start-up check with a throwaway object that the store refuses If-None-Match and stale "
+        "If-Match writes, and refuse to start if it ignores them; 'off': skip the check (UNSAFE on a store "
+        "that ignores them: a second server on the same prefix is not refused and deletes this one's objects; "
+        "see README)",
     )
     take_over_prefix: bool = setting(
         False,
@@ -121,6 +149,45 @@ class Config:
         "file holding the admin bearer token (or set TIERED_ADMIN_TOKEN); without one, admin operations are "
         "allowed only when listening on loopback",
         OFFLINE_GC,
+    )
+    # Tenants: authentication, quotas, usage.
+    auth: str = setting(
+        "",
+        "who may use the data plane: 'tokens' (bearer tokens tiered issues per bucket), 'jwt' (JWTs from your "
+        "identity provider, and tiered's tokens), 'none' (anyone who can connect); unset: open on loopback, "
+        "and the server refuses to start on any other address",
+    )
+    jwks_file: str = setting(
+        "", "JWKS file with the identity provider's public keys (reloaded on change, SIGHUP)"
+    )
+    jwt_issuer: str = setting("", "the 'iss' every JWT must carry")
+    jwt_audience: str = setting("", "the 'aud' every JWT must include")
+    jwt_leeway_s: int = setting(0, "clock skew allowed when checking a JWT's exp and nbf, in seconds")
+    jwt_scope_claim: str = setting(
+        "scope", "JWT claim holding 'tiered:<bucket>:<read|write|admin>[:<prefix>]' items"
+    )
+    quota_max_streams: int = setting(0, "default quota: streams per bucket (0: unlimited)")
+    quota_max_retained_bytes: int = setting(
+        0, "default quota: retained bytes per bucket, hot plus cold (0: unlimited)"
+    )
+    quota_append_bytes_per_s: int = setting(
+        0, "default quota: appended bytes per second per bucket (0: unlimited)"
+    )
+    quota_append_requests_per_s: int = setting(
+        0, "default quota: append requests per second per bucket (0: unlimited)"
+    )
+    quota_max_live_readers: int = setting(
+        0, "default quota: concurrent long-poll/SSE readers per bucket (0: unlimited)"
+    )
+    quota_max_body_bytes: int = setting(0, "default quota: request body bytes per bucket (0: max_body_bytes)")
+    usage_interval_s: float = setting(
+        10.0, "how often egress and request counts are journaled (a crash loses at most this much of them)"
+    )
+    usage_log: str = setting("", "JSON Lines usage log for billing export, one line per bucket per interval")
+    usage_log_max_bytes: int = setting(64 * MiB, "rotate the usage log at this size")
+    usage_log_rotate_s: float = setting(86400.0, "rotate the usage log at this age")
+    metrics_max_buckets: int = setting(
+        100, 'buckets with a label of their own in /metrics (the rest are summed as bucket="_other")'
     )
     # Subscriptions.
     webhooks: bool = setting(True, "deliver webhook subscriptions")
@@ -169,6 +236,19 @@ class Config:
             raise ConfigError("cold_store must be 'local' or 's3'")
         if self.cold_store == "s3" and not self.s3_bucket:
             raise ConfigError("cold_store = 's3' needs s3_bucket")
+        if self.s3_addressing_style not in ADDRESSING_STYLES:
+            raise ConfigError(f"s3_addressing_style must be one of {', '.join(ADDRESSING_STYLES)}")
+        if self.s3_path_style and self.s3_addressing_style not in ("auto", "path"):
+            raise ConfigError(
+                f"s3_path_style = true contradicts s3_addressing_style = {self.s3_addressing_style!r} "
+                "(s3_path_style is deprecated: set only s3_addressing_style)"
+            )
+        if self.s3_checksum_mode not in CHECKSUM_MODES:
+            raise ConfigError(f"s3_checksum_mode must be one of {', '.join(CHECKSUM_MODES)}")
+        if self.s3_conditional_writes not in CONDITIONAL_WRITES:
+            raise ConfigError(f"s3_conditional_writes must be one of {', '.join(CONDITIONAL_WRITES)}")
+        if self.s3_ca_bundle and not Path(self.s3_ca_bundle).is_file():
+            raise ConfigError(f"s3_ca_bundle: no such file: {self.s3_ca_bundle}")
         if self.flush_interval_s <= 0 or self.flush_bytes <= 0 or self.cold_object_bytes <= 0:
             raise ConfigError("flush_interval_s, flush_bytes and cold_object_bytes must be positive")
         if self.gc_interval_s <= 0 or self.gc_grace_s < 0 or self.gc_max_objects_per_pass <= 0:
@@ -179,10 +259,47 @@ class Config:
             raise ConfigError("cold_read_timeout_s and store_probe_interval_s must be positive")
         if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
             raise ConfigError("hot_retention_s and read_cache_bytes must not be negative")
+        if self.auth not in ("", "none", "tokens", "jwt"):
+            raise ConfigError("auth must be 'tokens', 'jwt' or 'none'")
+        if self.auth == "jwt":
+            for name in ("jwks_file", "jwt_issuer", "jwt_audience"):
+                if not getattr(self, name):
+                    raise ConfigError(f"auth = 'jwt' needs {name} (--{name.replace('_', '-')})")
+            if not Path(self.jwks_file).is_file():
+                raise ConfigError(f"jwks_file {self.jwks_file!r} is not a readable file")
+        if self.jwt_leeway_s < 0:
+            raise ConfigError("jwt_leeway_s must not be negative")
+        for name in (
+            "quota_max_streams",
+            "quota_max_retained_bytes",
+            "quota_append_bytes_per_s",
+            "quota_append_requests_per_s",
+            "quota_max_live_readers",
+            "quota_max_body_bytes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative (0 is unlimited)")
+        if self.usage_interval_s <= 0 or self.usage_log_max_bytes <= 0 or self.usage_log_rotate_s <= 0:
+            raise ConfigError("usage_interval_s, usage_log_max_bytes and usage_log_rotate_s must be positive")
+        if self.metrics_max_buckets < 0:
+            raise ConfigError("metrics_max_buckets must not be negative")
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
+
+    @property
+    def s3_addressing(self) -> str:
+        """The addressing style in effect, with the deprecated ``s3_path_style`` folded in."""
+        return "path" if self.s3_path_style else self.s3_addressing_style
+
+    def deprecations(self) -> list[str]:
+        """Settings in use that are deprecated, each with what to use instead (logged at start-up)."""
+        if self.s3_path_style:
+            return [
+                "s3_path_style is deprecated: use s3_addressing_style = 'path' (--s3-addressing-style path)"
+            ]
+        return []
 
     def admin_token(self, env: Mapping[str, str] | None = None) -> str | None:
         """The admin bearer token: from a file, or ``TIERED_ADMIN_TOKEN`` (never a flag value)."""
@@ -197,6 +314,20 @@ class Config:
             return token
         token = env.get("TIERED_ADMIN_TOKEN", "").strip()
         return token or None
+
+    @property
+    def auth_mode(self) -> str:
+        """The auth in force: unset means 'none' (``serve`` refuses unset off loopback: ``exposure_problem``)."""
+        return self.auth or "none"
+
+    def exposure_problem(self) -> str | None:
+        """Why serving would expose an open server by accident, or None."""
+        if self.auth or self.loopback_only:
+            return None
+        return (
+            f"refusing to listen on {self.host} without authentication: choose --auth tokens|jwt|none "
+            "(or TIERED_AUTH, or auth in the config file); --auth none serves everyone who can connect"
+        )
 
     @property
     def loopback_only(self) -> bool:

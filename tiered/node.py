@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from tiered.admin.metrics import Metrics
@@ -31,6 +32,10 @@ from tiered.gc.context import GcContext
 from tiered.gc.runner import GcRunner
 from tiered.hot.log import SegmentLog
 
+from .auth.jwt import JwksFile, JwtVerifier
+from .auth.live import LiveLeases
+from .auth.service import AuthService
+from .auth.state import AuthState
 from .clock import Clock, SystemClock
 from .config import Config
 from .groups.service import GroupService
@@ -47,13 +52,51 @@ from .subscriptions.delivery import SubscriptionDelivery
 from .subscriptions.service import StreamEvents, SubscriptionService
 from .subscriptions.state import SubscriptionState
 from .tasks import BackgroundTasks, Job
+from .tenants.footprint import FootprintCache
+from .tenants.gate import TenantGate
+from .tenants.quotas import QUOTA_NAMES, from_config
+from .tenants.service import TenantService
+from .tenants.state import TenantState
+from .tenants.usage_log import UsageLog
 
 log = logging.getLogger(__name__)
 
 
 def new_state() -> StreamState:
     """An empty state with every extension state machine registered."""
-    return StreamState([GroupsState(), SubscriptionState()])
+    return StreamState([GroupsState(), SubscriptionState(), AuthState(), TenantState()])
+
+
+async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectStore:
+    """The configured object store; with ``probe`` an S3 store must first pass the conditional-write probe.
+
+    Only ``serve`` probes: it writes the create-only prefix claim and relies on
+    it. A store that ignores conditional writes raises
+    ``ConditionalWritesUnsupported`` here and the server refuses to start.
+    ``read_only`` (verify, dry runs) writes nothing and refuses writes.
+    """
+    c = config
+    if c.cold_store == "s3":
+        for message in c.deprecations():
+            log.warning("%s", message)
+        if not probe and not read_only and c.s3_conditional_writes == "off":
+            log.warning(
+                "s3_conditional_writes = 'off': the object store's conditional writes are not checked; "
+                "on a store that ignores them the prefix claim does not stop a second server"
+            )
+    return await open_object_store(
+        c.cold_store,
+        local_root=c.data_path / "cold",
+        s3_bucket=c.s3_bucket,
+        s3_prefix=c.s3_prefix,
+        s3_endpoint=c.s3_endpoint,
+        s3_region=c.s3_region,
+        s3_addressing_style=c.s3_addressing,
+        s3_checksum_mode="" if c.s3_checksum_mode == "auto" else c.s3_checksum_mode,
+        s3_ca_bundle=c.s3_ca_bundle,
+        s3_probe_conditional_writes=probe,
+        read_only=read_only,
+    )
 
 
 class Node:
@@ -86,7 +129,7 @@ class Node:
         c = self.config
         await self._recover(read_only=False)
         self.journal.start()
-        self.store = await self._open_store(read_only=False)
+        self.store = await self._open_store(read_only=False, probe=c.s3_conditional_writes == "probe")
         identity = load_identity(c.data_path, create=True)
         assert identity is not None
         self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()), clock=self.clock)
@@ -107,7 +150,7 @@ class Node:
             self.journal.read_only = True  # any record would be refused, loudly
         else:
             self.journal.start()
-        self.store = await self._open_store(read_only=dry_run)
+        self.store = await self._open_store(read_only=dry_run, probe=False)
         identity = load_identity(c.data_path, create=False)
         if identity is not None:
             self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()), clock=self.clock)
@@ -130,6 +173,7 @@ class Node:
             ),
             "snapshots": self._snapshots,
             "group-sweeper": self.groups.sweep_forever,
+            "usage-recorder": self.tenants.run_forever,
         }
         jobs.update(self.deliveries.jobs())
         return jobs
@@ -148,6 +192,11 @@ class Node:
         await self.tasks.stop()
         if self._composed:
             await self.deliveries.close()
+            if not self.offline and not self.journal.read_only and self.journal.failed is None:
+                try:
+                    await self.tenants.record_usage()  # what was counted since the last interval
+                except Exception:
+                    log.exception("usage counted since the last interval could not be recorded")
         if self.journal.read_only:
             self.log.close()
         else:
@@ -164,18 +213,8 @@ class Node:
             None, lambda: self.journal.recover(read_only=read_only, new_state=new_state)
         )
 
-    async def _open_store(self, *, read_only: bool) -> ObjectStore:
-        c = self.config
-        store = await open_object_store(
-            c.cold_store,
-            local_root=c.data_path / "cold",
-            s3_bucket=c.s3_bucket,
-            s3_prefix=c.s3_prefix,
-            s3_endpoint=c.s3_endpoint,
-            s3_region=c.s3_region,
-            s3_path_style=c.s3_path_style,
-            read_only=read_only,
-        )
+    async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
+        store = await open_store(self.config, read_only=read_only, probe=probe)
         return TimedStore(store, self.metrics.store_operations)
 
     def _compose(self) -> None:
@@ -252,8 +291,64 @@ class Node:
         )
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
+        self._compose_tenants()
         self.metrics.watch(self)
         self._composed = True
+
+    def _compose_tenants(self) -> None:
+        """Quotas and usage (every mode), and who may do what (``--auth``)."""
+        c, state, clock = self.config, self.state, self.clock
+        auth_state = state.extensions["auth"]
+        tenants_state = state.extensions["tenants"]
+        assert isinstance(auth_state, AuthState) and isinstance(tenants_state, TenantState)
+        self.footprint = FootprintCache(state)
+        self.committer.observers.append(self.footprint)
+        defaults = from_config({name: getattr(c, "quota_" + name) for name in QUOTA_NAMES})
+        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock)
+        self.streams.gate = self.gate
+        usage_log = (
+            UsageLog(Path(c.usage_log), max_bytes=c.usage_log_max_bytes, rotate_s=c.usage_log_rotate_s)
+            if c.usage_log
+            else None
+        )
+        self.tenants = TenantService(
+            state,
+            tenants_state,
+            self.committer,
+            self.gate,
+            clock,
+            interval_s=c.usage_interval_s,
+            usage_log=usage_log,
+        )
+        self.reader.on_egress = self.tenants.counter.egress
+        self.leases = LiveLeases(clock, self.waiters.notify)
+        jwt = None
+        if c.auth_mode == "jwt":
+            self.jwks = JwksFile(Path(c.jwks_file), clock.monotonic)
+            jwt = JwtVerifier(
+                self.jwks,
+                issuer=c.jwt_issuer,
+                audience=c.jwt_audience,
+                now_ms=clock.now_ms,
+                leeway_s=c.jwt_leeway_s,
+                scope_claim=c.jwt_scope_claim,
+            )
+        self.auth = AuthService(
+            state,
+            auth_state,
+            self.committer,
+            clock,
+            self.leases,
+            mode=c.auth_mode,
+            admin_token=c.admin_token() if not self.offline else None,
+            jwt=jwt,
+        )
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read the JWKS file again (a no-op without ``--auth jwt``)."""
+        jwks = getattr(self, "jwks", None)
+        if jwks is not None:
+            jwks.reload()
 
     async def _snapshots(self) -> None:
         """Snapshot whenever the committer says enough journal has piled up since the last one."""

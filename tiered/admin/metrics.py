@@ -16,9 +16,11 @@ can run several nodes in one process. Two kinds of metric:
   numbers on the event loop and exposed by a custom collector: no lock, no
   object per observation.
 
-No bucket or stream name is ever a label: ``route`` is the router's name for
-a route (its pattern, or ``append``/``read``... for stream operations), so
-the number of series is bounded whatever paths clients send.
+No stream name is ever a label, and bucket names only in the per-bucket
+metrics of ``tiered.tenants.metrics`` (their cardinality is capped by
+``--metrics-max-buckets``); ``route`` is the router's name for a route (its
+pattern, or ``append``/``read``... for stream operations), so the number of
+series is bounded whatever paths clients send.
 ``docs/operations.md`` lists every metric; ``tests/test_metrics.py`` checks
 that the names used there and in ``terraform/monitoring.tf`` exist here.
 """
@@ -26,7 +28,7 @@ that the names used there and in ``terraform/monitoring.tf`` exist here.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.context_managers import Timer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from tiered.http.types import UNMATCHED
+from tiered.tenants.metrics import bucket_metric_families
 
 if TYPE_CHECKING:
     from tiered.http.types import Request, Response
@@ -93,6 +98,8 @@ class Metrics:
         )
         self.store_operations = {op: self.store_request_seconds.labels(op) for op in STORE_OPERATIONS}
         self.requests: dict[str, dict[int, int]] = {}  # route -> status -> requests answered
+        #: The router's labelling, for requests answered before they reached it (``build_handler``).
+        self.label_unrouted: Callable[[Request], str] | None = None
         r.register(LoopCollector(self))
 
     def count_answer(self, request: Request, response: Response) -> None:
@@ -102,9 +109,12 @@ class Metrics:
         event loop, so refusals and 500s count with the status the client got;
         a request cancelled before its answer (the client left) is not counted.
         """
-        by_status = self.requests.get(request.route)
+        route = request.route
+        if route == UNMATCHED and self.label_unrouted is not None:
+            route = self.label_unrouted(request)  # refused before the router (auth): label it now
+        by_status = self.requests.get(route)
         if by_status is None:
-            by_status = self.requests[request.route] = {}
+            by_status = self.requests[route] = {}
         status = response.status
         by_status[status] = by_status.get(status, 0) + 1
 
@@ -247,6 +257,9 @@ class NodeCollector:
             "tiered_gc_last_pass_timestamp_seconds",
             "When the last GC pass finished (Unix seconds; 0: none yet)",
             t.last_pass_ms / 1000,
+        )
+        yield from bucket_metric_families(
+            state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
         )
 
 

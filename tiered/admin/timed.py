@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from tiered.cold.flusher import ColdFlusher
-from tiered.cold.store import DeleteFailure, ObjectInfo, ObjectStore
+from tiered.cold.store import DeleteFailure, ObjectInfo, ObjectStore, StoredObject
 from tiered.ports import NOT_RECORDED, LatencyRecorder
 
 
@@ -33,13 +33,19 @@ class TimedStore:
         self._delete_many = timers.get("delete_many", NOT_RECORDED)
         self._list = timers.get("list", NOT_RECORDED)
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = True) -> ObjectInfo:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
+    ) -> ObjectInfo:
         with self._put.time():
-            return await self.inner.put(key, data, if_none_match=if_none_match)
+            return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def get(self, key: str, *, start: int | None = None, end: int | None = None) -> bytes:
         with self._get.time():
             return await self.inner.get(key, start=start, end=end)
+
+    async def get_with_info(self, key: str) -> StoredObject:
+        with self._get.time():
+            return await self.inner.get_with_info(key)
 
     async def head(self, key: str) -> ObjectInfo | None:
         with self._head.time():

@@ -40,6 +40,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -75,10 +76,16 @@ def make_listener(config: Config, handler: Handler) -> Listener:
 
 
 def run(config: Config) -> int:
+    from tiered.auth.jwt import JwksError
     from tiered.cold.claim import PrefixClaimed
+    from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
+    problem = config.exposure_problem()
+    if problem is not None:
+        print(f"tiered: cannot start: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
@@ -87,7 +94,23 @@ def run(config: Config) -> int:
         pass
     try:
         asyncio.run(serve(config))
-    except (DataDirLocked, CorruptSegmentError, SnapshotError, PrefixClaimed, OSError) as exc:
+    except ConditionalWritesUnsupported as exc:
+        print(
+            f"tiered: cannot start: the object store does not enforce conditional writes: {exc}. "
+            "tiered relies on them (the one-server-per-prefix claim). Use a store that enforces them; only if "
+            "you accept the risk README.md describes, set s3_conditional_writes = 'off'.",
+            file=sys.stderr,
+        )
+        return 1
+    except (
+        DataDirLocked,
+        CorruptSegmentError,
+        SnapshotError,
+        PrefixClaimed,
+        ObjectStoreError,
+        JwksError,
+        OSError,
+    ) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

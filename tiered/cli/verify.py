@@ -21,7 +21,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from tiered.cold.backends import open_object_store
 from tiered.cold.parquet_chunk import iter_records, rebuild_index
 from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.config import Config
@@ -29,7 +28,7 @@ from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
 from tiered.journal.journal import Journal
 from tiered.journal.snapshot import SnapshotStore
-from tiered.node import new_state
+from tiered.node import new_state, open_store
 from tiered.streams.state import StreamState
 
 
@@ -181,16 +180,7 @@ async def run_verify(config: Config) -> int:
     finally:
         log_.close()
     c = config
-    store = await open_object_store(
-        c.cold_store,
-        local_root=c.data_path / "cold",
-        s3_bucket=c.s3_bucket,
-        s3_prefix=c.s3_prefix,
-        s3_endpoint=c.s3_endpoint,
-        s3_region=c.s3_region,
-        s3_path_style=c.s3_path_style,
-        read_only=True,
-    )
+    store = await open_store(c, read_only=True, probe=False)
     try:
         report = await verify_cold(state, store, sys.stderr)
     finally:

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 _TOO_LARGE = "request body is larger than the server's limit"
 
 
+_LOWER: dict[str, str] = {}
+
 #: What a header value granian could not decode reads as (not encodable: refused downstream).
 UNDECODABLE = "\udcff"
 
@@ -54,7 +56,11 @@ class RsgiHeaders(Mapping[str, str]):
         self._raw = raw
 
     def get(self, key: str, default: Any = None) -> Any:
-        name = key.lower()
+        name = _LOWER.get(key)
+        if name is None:
+            name = key.lower()
+            if len(_LOWER) < 1024:  # the service asks for a fixed set of names
+                _LOWER[key] = name
         value = self._raw.get(name)
         if value is None:
             return UNDECODABLE if name in self._raw else default
@@ -76,6 +82,36 @@ class RsgiHeaders(Mapping[str, str]):
         return len(self._raw.keys())
 
 
+#: A request still running after this long starts watching for its client to leave.
+WATCH_AFTER_S = 0.05
+
+
+class _DisconnectWatch:
+    """Cancels a request's task when its client disconnects, so waiter slots free at once."""
+
+    __slots__ = ("_proto", "_task", "_future", "client_left")
+
+    def __init__(self, proto: Any, task: asyncio.Task[Any]) -> None:
+        self._proto = proto
+        self._task = task
+        self._future: asyncio.Future[Any] | None = None
+        self.client_left = False
+
+    def start(self) -> None:
+        self._future = asyncio.ensure_future(self._proto.client_disconnect())
+        self._future.add_done_callback(self._left)
+
+    def _left(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            self.client_left = True
+            self._task.cancel()
+
+    def stop(self) -> None:
+        if self._future is not None:
+            self._future.remove_done_callback(self._left)
+            self._future.cancel()
+
+
 class _App:
     """The RSGI application object granian calls once per request."""
 
@@ -87,16 +123,20 @@ class _App:
         if scope.proto != "http":
             proto.close(403)  # websockets: not part of the protocol
             return
-        work = asyncio.ensure_future(self._serve(scope, proto))
-        gone = asyncio.ensure_future(proto.client_disconnect())
-        gone.add_done_callback(lambda _: work.cancel())
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(proto, task)
+        # Most requests finish long before this: only the ones still running
+        # (long-polls, SSE, appends queued behind a full batch) pay for a watcher.
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
         try:
-            await work
+            await self._serve(scope, proto)
         except asyncio.CancelledError:
-            if not gone.done():
+            if not watch.client_left:
                 raise  # the server itself is being cancelled
         finally:
-            gone.cancel()
+            timer.cancel()
+            watch.stop()
 
     async def _serve(self, scope: Any, proto: Any) -> None:
         headers = RsgiHeaders(scope.headers)

@@ -23,6 +23,7 @@ EXPOSED_HEADERS = ", ".join(
         "Content-Type",
         "Retry-After",
         "X-Request-Id",
+        "WWW-Authenticate",
     ]
 )
 SECURITY_HEADERS = {

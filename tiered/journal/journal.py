@@ -35,6 +35,11 @@ from .snapshot import SnapshotStore, encode_snapshot
 log = logging.getLogger(__name__)
 
 
+#: In ``interval`` mode a batch up to this size is written on the loop; bigger ones
+#: (and every batch that must be synced) go to the journal's thread.
+INLINE_WRITE_BYTES = 256 * 1024
+
+
 class JournalFailed(Exception):
     """The disk refused a write or sync; the journal accepts nothing more."""
 
@@ -212,7 +217,10 @@ class Journal:
             self._callbacks = []
             self._inflight = future
             try:
-                await loop.run_in_executor(self._executor, self._write, batch)
+                if not self.fsync_always and batch.nbytes <= INLINE_WRITE_BYTES:
+                    self._write(batch)  # write() only, no sync: cheaper here than a thread round trip
+                else:
+                    await loop.run_in_executor(self._executor, self._write, batch)
             except Exception as exc:  # disk full, EIO: the state on disk is now unknown
                 log.critical("journal write failed, refusing further writes until restart: %s", exc)
                 self.failed = exc
