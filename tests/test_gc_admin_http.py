@@ -378,6 +378,7 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             **{name: "histogram" for name in HISTOGRAMS},
             **BUCKET_FAMILIES,
         }
+        # Per-bucket usage series are the tenant tests' subject (test_tenant_usage.py).
         state = {
             k: v for k, v in m.items() if not k.startswith(HISTOGRAMS + ("tiered_http_", "tiered_bucket_"))
         }

@@ -23,6 +23,12 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     lock = DataDirLock(config.data_path)
     lock.acquire()
     node = Node(config)
+    # Handlers first: a SIGTERM that arrives while recovering or just after the listener opened
+    # must still end in a clean shutdown, not the default action's abrupt exit.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await node.start()
         listener = make_listener(config, build_handler(node))
@@ -36,10 +42,6 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
                 config.http_server,
                 config.data_path.resolve(),
             )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:
             ready.set()
