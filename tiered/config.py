@@ -71,6 +71,11 @@ class Config:
         256 * MiB, "journal bytes between state snapshots (bounds restart replay time)"
     )
     log_level: str = setting("info", "debug, info, warning or error", ALL)
+    log_format: str = setting(
+        "text",
+        "'text' (time LEVEL logger: message) or 'json' (one JSON object per line, with request ids)",
+        ALL,
+    )
     # Cold tier.
     cold_store: str = setting(
         "local", "where sealed data goes: 'local' (a directory under the data dir) or 's3'", STORE
@@ -198,6 +203,8 @@ class Config:
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("log_format must be 'text' or 'json'")
         if self.http_server not in ("granian", "aiohttp"):
             raise ConfigError("http_server must be 'granian' or 'aiohttp'")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -21,9 +21,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tiered.admin.metrics import Metrics
+from tiered.admin.timed import TimedFlusher, TimedStore
 from tiered.cold.backends import open_object_store
 from tiered.cold.claim import PrefixClaim, load_identity
-from tiered.cold.flusher import ColdFlusher
 from tiered.cold.health import StoreHealth
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectStore
@@ -103,12 +104,14 @@ class Node:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         data = config.data_path
+        self.metrics = Metrics()
         self.log = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
         self.journal = Journal(
             self.log,
             SnapshotStore(data / "snapshots"),
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
+            sync_seconds=self.metrics.fsync_seconds,
         )
         self.tasks = BackgroundTasks()
         self.store_health = StoreHealth(clock=self.clock.monotonic)
@@ -211,7 +214,8 @@ class Node:
         )
 
     async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
-        return await open_store(self.config, read_only=read_only, probe=probe)
+        store = await open_store(self.config, read_only=read_only, probe=probe)
+        return TimedStore(store, self.metrics.store_operations)
 
     def _compose(self) -> None:
         c, state, clock = self.config, self.state, self.clock
@@ -238,9 +242,10 @@ class Node:
             clock,
             max_hot_bytes=c.max_hot_bytes,
             flush_bytes=c.flush_bytes,
+            append_seconds=self.metrics.append_seconds,
         )
         self.reaper = SegmentReaper(self.journal, state, clock, offline=self.offline)
-        self.flusher = ColdFlusher(
+        self.flusher = TimedFlusher(
             state,
             lambda s: self.visibility.view(s).tail,
             self.committer,
@@ -254,6 +259,7 @@ class Node:
             hot_retention_s=c.hot_retention_s,
             claim=self.claim,
         )
+        self.flusher.pass_seconds = self.metrics.cold_flush_seconds
         self.streams.kick_flush = self.flusher.kick
         reaper = self.reaper
         self.gc = GcRunner(
@@ -271,6 +277,7 @@ class Node:
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
+            pass_seconds=self.metrics.gc_pass_seconds,
         )
         self.subscriptions = SubscriptionService(
             state,
@@ -285,6 +292,7 @@ class Node:
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
         self._compose_tenants()
+        self.metrics.watch(self)
         self._composed = True
 
     def _compose_tenants(self) -> None:

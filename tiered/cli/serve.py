@@ -34,10 +34,13 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         listener = make_listener(config, build_handler(node))
         scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
-            print(
-                f"tiered listening on {scheme}://{host}:{port} ({config.http_server}; "
-                f"data dir {config.data_path.resolve()})",
-                flush=True,
+            log.info(  # a log line, so --log-format json keeps every line JSON
+                "tiered listening on %s://%s:%s (%s; data dir %s)",
+                scheme,
+                host,
+                port,
+                config.http_server,
+                config.data_path.resolve(),
             )
         loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:

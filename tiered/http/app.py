@@ -2,10 +2,11 @@
 
 Order of routes (first match wins): the reserved subscription APIs
 (``/v1/stream/__ds``) before streams, then buckets, groups, admin and
-operations. Middleware, outermost first: security headers (on every
-response), CORS preflight (open, no credentials), error mapping, auth (who
-may do what: ``tiered.http.auth``), usage (each admitted request counted in
-its bucket, live readers held to their quota).
+operations. Middleware, outermost first: request ids (for every log line and
+response; it also hands each answer to the request metrics), security headers
+(on every response), CORS preflight (open, no credentials), error mapping,
+auth (who may do what: ``tiered.http.auth``), usage (each admitted request
+counted in its bucket, live readers held to their quota).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.admin.http import AdminRoutes
-from tiered.admin.metrics import render_metrics
 from tiered.auth.http import AuthRoutes
 from tiered.buckets.http import BucketRoutes
 from tiered.groups.http import GroupRoutes
@@ -26,6 +26,7 @@ from .admin_auth import AdminGuard
 from .auth import auth_middleware
 from .cors import cors_preflight
 from .errors import map_errors
+from .request_id import request_ids
 from .router import Router
 from .security_headers import security_headers
 from .types import Handler
@@ -54,7 +55,7 @@ def build_handler(node: Node) -> Handler:
         node.gc,
         guard,
         node.readiness,
-        lambda: render_metrics(node),
+        node.metrics.exposition,
         lambda: node.journal.failed is None,
     ).install(router)
     AuthRoutes(node.auth, guard).install(router)
@@ -63,4 +64,6 @@ def build_handler(node: Node) -> Handler:
     access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
     buckets = node.state.buckets
     counted = usage_middleware(node.tenants.counter, node.gate, buckets.__contains__)(router)
-    return security_headers(cors_preflight(map_errors(auth_middleware(node.auth, access)(counted))))
+    chain = security_headers(cors_preflight(map_errors(auth_middleware(node.auth, access)(counted))))
+    node.metrics.label_unrouted = router.label  # auth refusals never reach the router
+    return request_ids(chain, on_answer=node.metrics.count_answer)

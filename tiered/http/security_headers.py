@@ -22,6 +22,7 @@ EXPOSED_HEADERS = ", ".join(
         "Location",
         "Content-Type",
         "Retry-After",
+        "X-Request-Id",
         "WWW-Authenticate",
     ]
 )

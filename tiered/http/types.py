@@ -18,6 +18,10 @@ from tiered.errors import ErrorCode, TieredError
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
+#: ``Request.route`` of a request no route matched (yet).
+UNMATCHED = "unmatched"
+
+
 class LiveLease(Protocol):
     """How long the credential behind a live read (long-poll, SSE) may keep it open.
 
@@ -50,7 +54,10 @@ class AuthView(Protocol):
 
 
 class Request:
-    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded."""
+    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.
+
+    The router fills in ``params`` and ``route`` (the matched route's name, for metrics).
+    """
 
     __slots__ = (
         "method",
@@ -60,6 +67,7 @@ class Request:
         "scheme",
         "host",
         "params",
+        "route",
         "auth",
         "access",
         "_read",
@@ -85,6 +93,7 @@ class Request:
         self.scheme = scheme
         self.host = host
         self.params: dict[str, str] = {}
+        self.route = UNMATCHED  # until a route matches (or the CORS preflight answers)
         self.auth: AuthView | None = None  # the caller, when auth is on (``tiered.http.auth``)
         self.access: object | None = (
             None  # what the request touches (``tiered.http.access``), once classified

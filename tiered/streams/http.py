@@ -35,6 +35,8 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
 
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
+#: Metrics labels of stream operations (``route`` in ``tiered_http_requests_total``).
+OPERATION_LABELS = {"POST": "append", "GET": "read", "HEAD": "head", "PUT": "create", "DELETE": "delete"}
 
 #: Decoded and validated stream addresses by raw request path: clients send the
 #: same few URLs over and over, and decoding plus validating costs more than a lookup.
@@ -101,8 +103,11 @@ class StreamRoutes:
         self._addresses: dict[str, tuple[str, str]] = {}
 
     def install(self, router: Router) -> None:
-        router.add("*", "/v1/stream/{path...}", self.dispatch)
-        router.add("*", "/v1/buckets/{bucket}/stream/{path...}", self.dispatch)
+        for pattern in ("/v1/stream/{path...}", "/v1/buckets/{bucket}/stream/{path...}"):
+            # One label per operation, whichever bucket (tiered_http_requests_total{route="append"}).
+            for method, label in OPERATION_LABELS.items():
+                router.add(method, pattern, self.dispatch, label=label)
+            router.add("*", pattern, self.dispatch)  # any other method: 405 from dispatch
 
     async def dispatch(self, request: Request) -> Response:
         handler = self._methods.get(request.method)

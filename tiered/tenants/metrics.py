@@ -1,4 +1,4 @@
-"""Per-bucket Prometheus metrics (rendered by ``tiered.admin.metrics``, kept here so that file stays small).
+"""Per-bucket Prometheus metrics (collected by ``tiered.admin.metrics``, kept here so that file stays small).
 
 Label cardinality is capped: the ``max_buckets`` buckets with the most
 appended bytes (ties by name) get their own ``bucket`` label; every other
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from tiered.streams.state import StreamState
 
 from .footprint import Footprint, footprints
@@ -37,9 +39,10 @@ def _label_for(names: list[str], usage: dict[str, BucketUsage], max_buckets: int
     return {b: (b if i < max_buckets else OTHER) for i, b in enumerate(ranked)}
 
 
-def bucket_metric_lines(
+def bucket_metric_families(
     streams: StreamState, tenants: TenantState, counter: UsageCounter, gate: TenantGate, max_buckets: int
-) -> list[str]:
+) -> list[Metric]:
+    """The per-bucket metric families (for the node's collector, ``tiered.admin.metrics``); counters end in ``_total``."""
     fps = footprints(streams)
     names = sorted(set(streams.buckets) | set(tenants.usage) | set(fps))
     usage: dict[str, BucketUsage] = {}
@@ -69,43 +72,64 @@ def bucket_metric_lines(
         key = (label.get(b, OTHER), quota)
         refusals[key] = refusals.get(key, 0) + n
     labels = sorted(total)
-    lines = [
-        "# HELP tiered_bucket_appended_bytes_total Bytes appended to the bucket's streams (acknowledged)",
-        "# TYPE tiered_bucket_appended_bytes_total counter",
-        *(f'tiered_bucket_appended_bytes_total{{bucket="{b}"}} {total[b].appended_bytes}' for b in labels),
-        "# TYPE tiered_bucket_appended_records_total counter",
-        *(
-            f'tiered_bucket_appended_records_total{{bucket="{b}"}} {total[b].appended_records}'
-            for b in labels
-        ),
-        "# HELP tiered_bucket_egress_bytes_total Stored bytes read from the bucket's streams, by tier",
-        "# TYPE tiered_bucket_egress_bytes_total counter",
-    ]
+    appended_bytes = CounterMetricFamily(
+        "tiered_bucket_appended_bytes",
+        "Bytes appended to the bucket's streams (acknowledged)",
+        labels=["bucket"],
+    )
+    appended_records = CounterMetricFamily(
+        "tiered_bucket_appended_records", "Records appended to the bucket's streams", labels=["bucket"]
+    )
+    egress = CounterMetricFamily(
+        "tiered_bucket_egress_bytes",
+        "Stored bytes read from the bucket's streams, by tier",
+        labels=["bucket", "tier"],
+    )
+    requests = CounterMetricFamily(
+        "tiered_bucket_requests", "Requests admitted for the bucket, by class", labels=["bucket", "class"]
+    )
     for b in labels:
         t = total[b]
-        lines.append(f'tiered_bucket_egress_bytes_total{{bucket="{b}",tier="hot"}} {t.egress_hot}')
-        lines.append(f'tiered_bucket_egress_bytes_total{{bucket="{b}",tier="cold"}} {t.egress_cold}')
-    lines.append("# TYPE tiered_bucket_requests_total counter")
-    for b in labels:
-        t = total[b]
+        appended_bytes.add_metric([b], t.appended_bytes)
+        appended_records.add_metric([b], t.appended_records)
+        egress.add_metric([b, "hot"], t.egress_hot)
+        egress.add_metric([b, "cold"], t.egress_cold)
         for cls, n in (
             ("append", t.append_requests),
             ("read", t.read_requests),
             ("live", t.live_requests),
             ("admin", t.admin_requests),
         ):
-            lines.append(f'tiered_bucket_requests_total{{bucket="{b}",class="{cls}"}} {n}')
-    lines.append("# TYPE tiered_bucket_retained_bytes gauge")
+            requests.add_metric([b, cls], n)
+    retained = GaugeMetricFamily(
+        "tiered_bucket_retained_bytes", "Bytes the bucket's streams hold, by tier", labels=["bucket", "tier"]
+    )
+    streams_gauge = GaugeMetricFamily(
+        "tiered_bucket_streams", "Streams in the bucket (not deleted)", labels=["bucket"]
+    )
     for b in sorted(space):
-        lines.append(f'tiered_bucket_retained_bytes{{bucket="{b}",tier="hot"}} {space[b].hot_bytes}')
-        lines.append(f'tiered_bucket_retained_bytes{{bucket="{b}",tier="cold"}} {space[b].cold_bytes}')
-    lines.append("# TYPE tiered_bucket_streams gauge")
-    lines += [f'tiered_bucket_streams{{bucket="{b}"}} {space[b].streams}' for b in sorted(space)]
-    lines.append("# TYPE tiered_bucket_live_readers gauge")
-    lines += [f'tiered_bucket_live_readers{{bucket="{b}"}} {live[b]}' for b in sorted(live)]
-    lines.append("# TYPE tiered_bucket_quota_refusals_total counter")
-    lines += [
-        f'tiered_bucket_quota_refusals_total{{bucket="{b}",quota="{quota}"}} {n}'
-        for (b, quota), n in sorted(refusals.items())
+        retained.add_metric([b, "hot"], space[b].hot_bytes)
+        retained.add_metric([b, "cold"], space[b].cold_bytes)
+        streams_gauge.add_metric([b], space[b].streams)
+    live_readers = GaugeMetricFamily(
+        "tiered_bucket_live_readers", "Long-poll and SSE readers of the bucket", labels=["bucket"]
+    )
+    for b in sorted(live):
+        live_readers.add_metric([b], live[b])
+    quota_refusals = CounterMetricFamily(
+        "tiered_bucket_quota_refusals",
+        "Requests refused by a quota of the bucket",
+        labels=["bucket", "quota"],
+    )
+    for (b, quota), n in sorted(refusals.items()):
+        quota_refusals.add_metric([b, quota], n)
+    return [
+        appended_bytes,
+        appended_records,
+        egress,
+        requests,
+        retained,
+        streams_gauge,
+        live_readers,
+        quota_refusals,
     ]
-    return lines
