@@ -19,6 +19,9 @@ Servers (``--servers``, comma separated, default ``ref-file,tiered``):
   (``--tiered-cmd``), default durability settings (fsync on).
 * ``ref-mem`` – the reference server in memory (no ``DATA_DIR``); add it with
   ``--memory`` or list it in ``--servers``.
+* ``tiered-auth`` – ``tiered`` with ``--auth tokens``: the benchmark issues a
+  write token for the ``default`` bucket through the admin API and sends it on
+  every request, so ``--servers tiered,tiered-auth`` shows what auth costs.
 
 A server that cannot be started (command missing, exits early, never answers)
 is reported as unavailable and the others still run.  With ``--repeat N``
@@ -42,6 +45,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import shlex
 import shutil
 import signal
@@ -79,6 +83,7 @@ SERVER_LABELS = {
     "tiered": "tiered (fsync)",
     "ref-mem": "reference (memory)",
     "tiered-aiohttp": "tiered on aiohttp (fsync)",
+    "tiered-auth": "tiered, token auth (fsync)",
     "null-granian": "do-nothing (granian)",
     "null-aiohttp": "do-nothing (aiohttp)",
 }
@@ -253,7 +258,7 @@ def running_server(
     base_url = f"http://127.0.0.1:{port}{path}"
     info: dict[str, Any] = {
         "argv": argv,
-        "env": {k: env[k] for k in spec.env},
+        "env": {k: ("<redacted>" if "TOKEN" in k else env[k]) for k in spec.env},
         "port": port,
         "data_dir": str(data_dir),
         "data_dir_fs": filesystem_of(str(data_dir)),
@@ -356,6 +361,8 @@ def other_ratio_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str,
         ("ref-mem", "reference in memory (moonshot)", ">= 1.0x", lambda r: r >= 1.0),
         ("null-granian", "do-nothing handler, same stack", ">= 0.7x", lambda r: r >= 0.7),
         ("tiered-aiohttp", "tiered on aiohttp", ">= 1.5x", lambda r: r >= 1.5),
+        # Auth must cost under 10%: tiered without it over tiered with it, at most 1/0.9.
+        ("tiered-auth", "tiered with token auth (auth's cost)", "<= 1.11x", lambda r: r <= 1 / 0.9),
     ]
     rows = []
     for key, label, target, ok in checks:
@@ -436,6 +443,12 @@ def build_specs(args: argparse.Namespace) -> dict[str, ServerSpec]:
             unset_env=("DATA_DIR",),
         ),
         "tiered": ServerSpec("tiered", SERVER_LABELS["tiered"], tiered_argv),
+        "tiered-auth": ServerSpec(
+            "tiered-auth",
+            SERVER_LABELS["tiered-auth"],
+            [*tiered_argv, "--auth", "tokens"],
+            env={"TIERED_ADMIN_TOKEN": BENCH_ADMIN_TOKEN},
+        ),
         **{
             key: ServerSpec(
                 key,
@@ -465,6 +478,22 @@ def _other_tiereds(args: argparse.Namespace) -> dict[str, str]:
             raise SystemExit(f"--other-tiered wants LABEL=CMD, got {spec!r}")
         out[f"tiered@{label}"] = cmd
     return out
+
+
+BENCH_ADMIN_TOKEN = secrets.token_urlsafe(24)  # this run's only: the bench issues its write token with it
+
+
+def issue_bench_token(url: str, path: str) -> str:
+    """A write token for the ``default`` bucket (the one ``/v1/stream`` addresses), as a header value."""
+    base = url[: -len(path)] if path and url.endswith(path) else url
+    req = urllib.request.Request(
+        base + "/v1/admin/tokens",
+        data=json.dumps({"bucket": "default", "scope": "write", "name": "bench"}).encode(),
+        headers={"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return "Bearer " + json.loads(resp.read())["token"]
 
 
 def wait_for_idle(max_wait_s: float, busy_threshold: float = 15.0) -> float | None:
@@ -497,6 +526,8 @@ def run_one(
         print(f"[compare] {spec.label}: ready at {url} after {info['startup_s']:.1f}s", file=sys.stderr)
         cfg = config_from_args(args, url=url)
         cfg.measure_busy = False
+        if spec.key == "tiered-auth":
+            cfg.authorization = issue_bench_token(url, args.path)
         if spec.key in APPEND_ONLY:
             cfg.skip_catchup = cfg.skip_read = True
         try:
@@ -537,8 +568,8 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument(
         "--servers",
         default="ref-file,tiered",
-        help="comma-separated servers in run order: ref-file, tiered, ref-mem, tiered-aiohttp, null-granian, "
-        "null-aiohttp (default ref-file,tiered)",
+        help="comma-separated servers in run order: ref-file, tiered, ref-mem, tiered-aiohttp, tiered-auth, "
+        "null-granian, null-aiohttp (default ref-file,tiered)",
     )
     parser.add_argument("--memory", action="store_true", help="also run the in-memory reference (ref-mem)")
     parser.add_argument(

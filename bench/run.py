@@ -98,6 +98,10 @@ class BenchConfig:
     #: Sample machine-wide CPU use for 1 s before the run (compare.py samples
     #: before starting the server instead, so server start-up is not counted).
     measure_busy: bool = True
+    #: ``Authorization`` header value every request carries (a bearer token for a
+    #: server with ``--auth``); never a flag, so it stays out of process lists.
+    #: Standalone runs take it from ``$BENCH_AUTHORIZATION``.
+    authorization: str = field(default_factory=lambda: os.environ.get("BENCH_AUTHORIZATION", ""))
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
@@ -197,14 +201,15 @@ def stream_urls(cfg: BenchConfig, names: list[str]) -> list[str]:
     return [f"{cfg.url}/{name}" for name in names]
 
 
-def make_session(limit: int) -> aiohttp.ClientSession:
+def make_session(limit: int, authorization: str = "") -> aiohttp.ClientSession:
     """A client session with ``limit`` pooled connections and bounded timeouts."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S, connect=10.0)
     # Identity encoding: we measure raw stream bytes, not compression.
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers={"Accept-Encoding": "identity"}, auto_decompress=False
-    )
+    headers = {"Accept-Encoding": "identity"}
+    if authorization:
+        headers["Authorization"] = authorization
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers, auto_decompress=False)
 
 
 def log(cfg: BenchConfig, msg: str) -> None:
@@ -320,7 +325,11 @@ async def run_wrk_append(cfg: BenchConfig) -> AppendResult:
     ]
     log(cfg, "running: " + " ".join(cmd))
     proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True
+        *cmd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "BENCH_AUTHORIZATION": cfg.authorization},
     )
     _LIVE_PGIDS.add(proc.pid)
     try:
@@ -358,7 +367,7 @@ async def run_python_append(cfg: BenchConfig, urls: list[str]) -> AppendResult:
     errors: Counter[str] = Counter()
     ok = 0
 
-    async with make_session(cfg.connections) as session:
+    async with make_session(cfg.connections, cfg.authorization) as session:
         start = time.perf_counter()
         deadline = start + cfg.duration
 
@@ -451,7 +460,7 @@ async def run_catchup_read(
     total_bytes = 0
     total_requests = 0
 
-    async with make_session(cfg.readers) as session:
+    async with make_session(cfg.readers, cfg.authorization) as session:
 
         async def reader() -> None:
             nonlocal total_bytes, total_requests
@@ -533,7 +542,7 @@ async def run_read_benchmark(
     names = [f"{cfg.name_prefix}{tag}-{k}" for k in range(streams)]
     urls = stream_urls(cfg, names)
     concurrency = max(1, min(cfg.connections, 64))
-    async with make_session(max(cfg.readers, concurrency)) as session:
+    async with make_session(max(cfg.readers, concurrency), cfg.authorization) as session:
         await create_streams(session, urls)
         log(cfg, f"{tag}: preloading {streams} streams x {bytes_per_stream} B in {chunk_size} B appends")
         preload_s = await preload_streams(
@@ -665,12 +674,12 @@ async def run_benchmark_async(cfg: BenchConfig) -> dict[str, Any]:
     urls = stream_urls(cfg, names)
     result: dict[str, Any] = {
         "url": cfg.url,
-        "config": asdict(cfg),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "authorization"},  # no credentials in results
         "environment": environment_info(cfg, driver),
     }
 
     log(cfg, f"creating {cfg.streams} streams under {cfg.url}/{cfg.name_prefix}*")
-    async with make_session(16) as session:
+    async with make_session(16, cfg.authorization) as session:
         await asyncio.wait_for(create_streams(session, urls), timeout=cfg.phase_timeout)
 
     log(

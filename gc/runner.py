@@ -13,6 +13,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from tiered.ports import NOT_RECORDED, LatencyRecorder
+
 from .cold_objects import DeleteReleasedObjects, pending_deletions
 from .context import GcContext, GcPass, GcTask
 from .expiry import ExpireStreams
@@ -42,8 +44,10 @@ class GcRunner:
         interval_s: float,
         reconcile_interval_s: float,
         tasks: Sequence[GcTask] | None = None,
+        pass_seconds: LatencyRecorder = NOT_RECORDED,
     ) -> None:
         self.ctx = ctx
+        self.pass_seconds = pass_seconds
         self.tasks = list(tasks) if tasks is not None else default_tasks()
         self.interval_s = interval_s
         self.reconcile_interval_s = reconcile_interval_s
@@ -64,37 +68,48 @@ class GcRunner:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                self.totals.errors += 1
                 log.exception("GC pass failed; the next one will resume")
 
     async def run_pass(
         self, *, dry_run: bool = False, reconcile: bool = True, now_ms: int | None = None
     ) -> GcReport:
+        """One pass (see the module docstring). A real pass is timed (``pass_seconds``); one that
+        fails counts as an error in ``totals`` (scheduled or asked for over the admin API alike)."""
         async with self._lock:
-            ctx = self.ctx
-            now = now_ms if now_ms is not None else ctx.clock.now_ms()
-            gc_pass = GcPass(
-                now=now,
-                dry_run=dry_run,
-                reconcile=reconcile,
-                report=GcReport(dry_run=dry_run, started_ms=now),
-            )
-            hot_before = ctx.state.hot_bytes
-            if reconcile:
-                self._last_reconcile = ctx.clock.monotonic()
-            for task in self.tasks:
-                await task.run(ctx, gc_pass)
-            report = gc_pass.report
-            report.finished_ms = ctx.clock.now_ms()
-            if not dry_run:
-                t = self.totals
-                t.passes += 1
-                t.bytes_reclaimed += report.bytes_deleted + max(0, hot_before - ctx.state.hot_bytes)
-                t.objects_deleted += report.objects_deleted + report.orphans_deleted
-                t.orphans_found += report.orphans_found
-                t.errors += len(report.errors)
-                if reconcile:  # only a reconciliation knows; other passes leave the gauge alone
-                    t.integrity_errors = len(report.integrity_errors)
-                t.last_pass_ms = report.finished_ms
-                self.last_report = report
-            return report
+            if dry_run:
+                return await self._run_pass(dry_run=True, reconcile=reconcile, now_ms=now_ms)
+            with self.pass_seconds.time():
+                try:
+                    return await self._run_pass(dry_run=False, reconcile=reconcile, now_ms=now_ms)
+                except Exception:
+                    self.totals.errors += 1
+                    raise
+
+    async def _run_pass(self, *, dry_run: bool, reconcile: bool, now_ms: int | None) -> GcReport:
+        ctx = self.ctx
+        now = now_ms if now_ms is not None else ctx.clock.now_ms()
+        gc_pass = GcPass(
+            now=now,
+            dry_run=dry_run,
+            reconcile=reconcile,
+            report=GcReport(dry_run=dry_run, started_ms=now),
+        )
+        hot_before = ctx.state.hot_bytes
+        if reconcile:
+            self._last_reconcile = ctx.clock.monotonic()
+        for task in self.tasks:
+            await task.run(ctx, gc_pass)
+        report = gc_pass.report
+        report.finished_ms = ctx.clock.now_ms()
+        if not dry_run:
+            t = self.totals
+            t.passes += 1
+            t.bytes_reclaimed += report.bytes_deleted + max(0, hot_before - ctx.state.hot_bytes)
+            t.objects_deleted += report.objects_deleted + report.orphans_deleted
+            t.orphans_found += report.orphans_found
+            t.errors += len(report.errors)
+            if reconcile:  # only a reconciliation knows; other passes leave the gauge alone
+                t.integrity_errors = len(report.integrity_errors)
+            t.last_pass_ms = report.finished_ms
+            self.last_report = report
+        return report

@@ -57,6 +57,7 @@ locals {
     s3_prefix        = var.s3_prefix
     s3_region        = local.region
     admin_token_file = local.admin_token_credential_file
+    auth             = var.auth
     public_url       = var.public_url
   }
   tiered_toml = templatefile("${path.module}/templates/tiered.toml.tftpl", local.tiered_toml_vars)

@@ -260,6 +260,17 @@ variable "log_level" {
   }
 }
 
+variable "auth" {
+  type        = string
+  description = "Who may use tiered's data plane: 'tokens' (bearer tokens per bucket, issued with the admin token through /v1/admin/tokens) or 'none' (anyone the security group lets in). tiered refuses to listen on 0.0.0.0 without a choice."
+  default     = "tokens"
+
+  validation {
+    condition     = contains(["tokens", "none"], var.auth)
+    error_message = "auth must be tokens or none."
+  }
+}
+
 variable "public_url" {
   type        = string
   description = "Base URL clients reach tiered at (a load balancer's), used for subscription callback and JWKS URLs; empty: taken from each request."

@@ -114,6 +114,8 @@ def test_the_core_speaks_no_http() -> None:
                 "tiered.subscriptions",
                 "tiered.gc",
                 "tiered.cluster",
+                "tiered.auth",
+                "tiered.tenants",
             )
         )
         and not name.endswith((".http", ".client", ".delivery", ".forward"))

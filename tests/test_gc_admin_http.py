@@ -24,6 +24,7 @@ import pytest
 
 from tests.gc_support import HttpHarness, VirtualClock, make_config, object_files
 from tests.http_helpers import request
+from tests.metrics_helpers import families, samples
 from tests.server_process import ServerProcess
 from tiered.config import Config
 from tiered.errors import ErrorCode, TieredError
@@ -302,18 +303,55 @@ def test_retain_route_and_what_readers_see(tmp_path: Path, no_token_env: None) -
 
 # --------------------------------------------------------------------------- GC routes and metrics
 
+GAUGES = (
+    "tiered_streams",
+    "tiered_hot_bytes",
+    "tiered_cold_objects",
+    "tiered_cold_bytes",
+    "tiered_store_reachable",
+    "tiered_live_readers",
+    "tiered_hot_damaged_frames",
+    "tiered_cold_flush_damaged_streams",
+    "tiered_gc_pending_deletions",
+    "tiered_gc_integrity_errors",
+    "tiered_gc_last_pass_timestamp_seconds",
+)
+COUNTERS = (  # family names: the samples end in _total
+    "tiered_integrity_errors",
+    "tiered_store_stalls",
+    "tiered_cold_puts",
+    "tiered_cold_bytes_uploaded",
+    "tiered_cold_flush_failures",
+    "tiered_gc_bytes_reclaimed",
+    "tiered_gc_objects_deleted",
+    "tiered_gc_orphans_found",
+    "tiered_gc_errors",
+    "tiered_http_requests",
+)
+BUCKET_FAMILIES = {  # per-bucket (tiered.tenants.metrics): no series before a bucket has usage
+    "tiered_bucket_appended_bytes": "counter",
+    "tiered_bucket_appended_records": "counter",
+    "tiered_bucket_egress_bytes": "counter",
+    "tiered_bucket_requests": "counter",
+    "tiered_bucket_retained_bytes": "gauge",
+    "tiered_bucket_streams": "gauge",
+    "tiered_bucket_live_readers": "gauge",
+    "tiered_bucket_quota_refusals": "counter",
+}
+HISTOGRAMS = (
+    "tiered_append_seconds",
+    "tiered_fsync_seconds",
+    "tiered_store_request_seconds",
+    "tiered_cold_flush_seconds",
+    "tiered_gc_pass_seconds",
+)
+
 
 def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
     config = make_config(tmp_path / "data", gc_grace_s=GRACE_MS / 1000)
     clock = VirtualClock()
 
-    def metrics(text: str) -> dict[str, float]:
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.split()
-                values[name] = float(value)
-        return values
+    metrics = samples
 
     async def body(h: HttpHarness, clock: VirtualClock) -> None:
         status, _, raw = await h.http("GET", "/v1/admin/gc")
@@ -334,7 +372,17 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
         status, headers, raw = await h.http("GET", "/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
         m = metrics(raw.decode())
-        assert set(m) == {
+        assert {f.name: f.type for f in families(raw.decode()).values()} == {
+            **{name: "gauge" for name in GAUGES},
+            **{name: "counter" for name in COUNTERS},
+            **{name: "histogram" for name in HISTOGRAMS},
+            **BUCKET_FAMILIES,
+        }
+        # Per-bucket usage series are the tenant tests' subject (test_tenant_usage.py).
+        state = {
+            k: v for k, v in m.items() if not k.startswith(HISTOGRAMS + ("tiered_http_", "tiered_bucket_"))
+        }
+        assert set(state) == {
             "tiered_streams",
             "tiered_hot_bytes",
             "tiered_cold_objects",
@@ -355,11 +403,9 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             "tiered_live_readers",
             "tiered_store_stalls_total",
             "tiered_store_reachable",
+            "tiered_gc_errors_total",
         }
-        assert all(v == 0 for k, v in m.items() if k != "tiered_store_reachable"), m
-        for line in raw.decode().splitlines():
-            if line.startswith("# TYPE"):
-                assert line.split()[3] in ("gauge", "counter")
+        assert all(v == 0 for k, v in state.items() if k != "tiered_store_reachable"), m
 
         await h.bucket("temp")
         await h.create("temp", "t", b"t" * 1000)
@@ -591,6 +637,6 @@ def test_integrity_error_gauge_holds_until_a_reconciliation_clears_it(
         assert h.s.gc is not None
         await h.s.gc.run_pass(reconcile=False)  # what the schedule runs between reconciliations
         raw = (await h.http("GET", "/metrics"))[2].decode()
-        assert "tiered_gc_integrity_errors 1" in raw.splitlines()
+        assert samples(raw)["tiered_gc_integrity_errors"] == 1
 
     run(config, body)

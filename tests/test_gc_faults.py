@@ -503,7 +503,9 @@ def test_sigkill_after_erasure_then_gc_after_restart(tmp_path: Path) -> None:
     def cold_objects(srv: ServerProcess) -> int:
         body = http("GET", srv.url + "/metrics")[2].decode()
         return int(
-            next(line for line in body.splitlines() if line.startswith("tiered_cold_objects ")).split()[1]
+            float(
+                next(line for line in body.splitlines() if line.startswith("tiered_cold_objects ")).split()[1]
+            )
         )
 
     def wait(cond: Any) -> None:

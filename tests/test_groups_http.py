@@ -182,7 +182,14 @@ def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
     )
     status, listing = call(server, "GET", "/v1/groups")
     assert status == 200
-    assert {"group": g, "incarnation": inc, "revision": 0, "members": 0, "targets": 0} in listing["groups"]
+    assert {
+        "group": g,
+        "bucket": "default",
+        "incarnation": inc,
+        "revision": 0,
+        "members": 0,
+        "targets": 0,
+    } in listing["groups"]
 
     # Cursors die with the incarnation; the name is free again.
     view = join(server, g, "m1", "j1")

@@ -11,6 +11,10 @@ fingerprint (every field of every object, extensions included) must be equal:
 * live, and after an in-memory snapshot round trip;
 * live, and recovered from the data dir after a crash (newest snapshot + replay);
 * live, and replayed from the very first record, when the log still has it.
+
+Tenants are in the histories too: tokens issued, revoked and rotated,
+public-read flags, quota overrides (which then refuse some appends and
+creates, changing nothing), recorded usage; appended bytes counted at apply.
 """
 
 from __future__ import annotations
@@ -67,6 +71,12 @@ op = st.one_of(
     st.tuples(st.just("heartbeat"), st.sampled_from(["m1", "m2"])),
     st.tuples(st.just("leave"), st.sampled_from(["m1", "m2"])),
     st.tuples(st.just("snapshot")),
+    st.tuples(st.just("token"), st.sampled_from(BUCKETS), st.sampled_from(["read", "write", "admin"])),
+    st.tuples(st.just("revoke"), st.integers(0, 3)),
+    st.tuples(st.just("rotate"), st.integers(0, 3), st.sampled_from([0, 10])),
+    st.tuples(st.just("public"), st.sampled_from(BUCKETS), st.booleans()),
+    st.tuples(st.just("quota"), st.sampled_from(BUCKETS), st.sampled_from([None, 0, 1_000])),
+    st.tuples(st.just("usage"), st.sampled_from(BUCKETS), st.integers(1, 5_000)),
 )
 
 
@@ -132,6 +142,26 @@ async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
             await node.groups.leave("g1", o[1], g.incarnation, m.generation, commits)
     elif kind == "snapshot":
         await node.journal.snapshot(node.state)
+    elif kind == "token":
+        await node.auth.issue(o[1], o[2], "jobs" if o[2] == "read" else None, None, clock.ms + 60_000)
+    elif kind in ("revoke", "rotate"):
+        ids = sorted(node.auth.state.tokens)
+        if ids:
+            token_id = ids[o[1] % len(ids)]
+            if kind == "revoke":
+                await node.auth.revoke(token_id)
+            else:
+                await node.auth.rotate(token_id, o[2] * 1000)
+    elif kind == "public":
+        await node.auth.set_public_read(o[1], o[2])
+    elif kind == "quota":
+        await node.tenants.set_quotas(
+            o[1], {} if o[2] is None else {"max_retained_bytes": o[2], "max_streams": None}
+        )
+    elif kind == "usage":
+        node.tenants.counter.egress(o[1], o[2], o[2] // 2)
+        node.tenants.counter.request(o[1], "read")
+        await node.tenants.record_usage()
 
 
 def recovered(config: Any, *, from_genesis: bool) -> Any:
@@ -205,6 +235,17 @@ def test_a_fixed_history_touching_every_feature() -> None:
         ("advance", 60_000),
         ("gc", True),
         ("flush",),
+        ("token", "default", "write"),
+        ("token", "red", "read"),
+        ("rotate", 0, 10),
+        ("public", "default", True),
+        ("quota", "default", 1_000),
+        ("append", "default", "jobs/b", b"z" * 900),
+        ("usage", "default", 4_000),
+        ("revoke", 1),
+        ("snapshot",),
+        ("usage", "default", 10),
+        ("quota", "default", None),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run_history(Path(tmp) / "data", history))

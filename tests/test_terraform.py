@@ -553,6 +553,7 @@ def _example_toml_values(module: Module) -> dict[str, Any]:
         "s3_prefix": "prod/node-a",
         "s3_region": "eu-west-1",
         "admin_token_file": module.locals["admin_token_credential_file"],
+        "auth": "tokens",
         "public_url": "",
     }
 
@@ -580,6 +581,7 @@ def test_tiered_toml_renders_to_a_config_tiered_accepts(module: Module, tmp_path
     assert module.locals["data_dir"] == "${local.mount_point}/data"
     assert config.admin_token_file == "/run/credentials/tiered.service/admin-token"
     assert config.max_hot_bytes == 53687091200
+    assert config.auth == "tokens" and config.exposure_problem() is None  # it would start on 0.0.0.0
 
 
 def test_tiered_toml_uses_only_config_keys_and_the_loader_would_catch_others(

@@ -72,6 +72,11 @@ class Config:
         256 * MiB, "journal bytes between state snapshots (bounds restart replay time)"
     )
     log_level: str = setting("info", "debug, info, warning or error", ALL)
+    log_format: str = setting(
+        "text",
+        "'text' (time LEVEL logger: message) or 'json' (one JSON object per line, with request ids)",
+        ALL,
+    )
     # Cold tier.
     cold_store: str = setting(
         "local", "where sealed data goes: 'local' (a directory under the data dir) or 's3'", STORE
@@ -146,6 +151,45 @@ class Config:
         "allowed only when listening on loopback",
         OFFLINE_GC,
     )
+    # Tenants: authentication, quotas, usage.
+    auth: str = setting(
+        "",
+        "who may use the data plane: 'tokens' (bearer tokens tiered issues per bucket), 'jwt' (JWTs from your "
+        "identity provider, and tiered's tokens), 'none' (anyone who can connect); unset: open on loopback, "
+        "and the server refuses to start on any other address",
+    )
+    jwks_file: str = setting(
+        "", "JWKS file with the identity provider's public keys (reloaded on change, SIGHUP)"
+    )
+    jwt_issuer: str = setting("", "the 'iss' every JWT must carry")
+    jwt_audience: str = setting("", "the 'aud' every JWT must include")
+    jwt_leeway_s: int = setting(0, "clock skew allowed when checking a JWT's exp and nbf, in seconds")
+    jwt_scope_claim: str = setting(
+        "scope", "JWT claim holding 'tiered:<bucket>:<read|write|admin>[:<prefix>]' items"
+    )
+    quota_max_streams: int = setting(0, "default quota: streams per bucket (0: unlimited)")
+    quota_max_retained_bytes: int = setting(
+        0, "default quota: retained bytes per bucket, hot plus cold (0: unlimited)"
+    )
+    quota_append_bytes_per_s: int = setting(
+        0, "default quota: appended bytes per second per bucket (0: unlimited)"
+    )
+    quota_append_requests_per_s: int = setting(
+        0, "default quota: append requests per second per bucket (0: unlimited)"
+    )
+    quota_max_live_readers: int = setting(
+        0, "default quota: concurrent long-poll/SSE readers per bucket (0: unlimited)"
+    )
+    quota_max_body_bytes: int = setting(0, "default quota: request body bytes per bucket (0: max_body_bytes)")
+    usage_interval_s: float = setting(
+        10.0, "how often egress and request counts are journaled (a crash loses at most this much of them)"
+    )
+    usage_log: str = setting("", "JSON Lines usage log for billing export, one line per bucket per interval")
+    usage_log_max_bytes: int = setting(64 * MiB, "rotate the usage log at this size")
+    usage_log_rotate_s: float = setting(86400.0, "rotate the usage log at this age")
+    metrics_max_buckets: int = setting(
+        100, 'buckets with a label of their own in /metrics (the rest are summed as bucket="_other")'
+    )
     # Subscriptions.
     webhooks: bool = setting(True, "deliver webhook subscriptions")
     webhook_allow_loopback: bool = setting(
@@ -187,6 +231,8 @@ class Config:
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("log_format must be 'text' or 'json'")
         if self.http_server not in ("granian", "aiohttp"):
             raise ConfigError("http_server must be 'granian' or 'aiohttp'")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -259,6 +305,30 @@ class Config:
                 raise ConfigError("cluster_wal_interval_ms must be positive")
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
+        if self.auth not in ("", "none", "tokens", "jwt"):
+            raise ConfigError("auth must be 'tokens', 'jwt' or 'none'")
+        if self.auth == "jwt":
+            for name in ("jwks_file", "jwt_issuer", "jwt_audience"):
+                if not getattr(self, name):
+                    raise ConfigError(f"auth = 'jwt' needs {name} (--{name.replace('_', '-')})")
+            if not Path(self.jwks_file).is_file():
+                raise ConfigError(f"jwks_file {self.jwks_file!r} is not a readable file")
+        if self.jwt_leeway_s < 0:
+            raise ConfigError("jwt_leeway_s must not be negative")
+        for name in (
+            "quota_max_streams",
+            "quota_max_retained_bytes",
+            "quota_append_bytes_per_s",
+            "quota_append_requests_per_s",
+            "quota_max_live_readers",
+            "quota_max_body_bytes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative (0 is unlimited)")
+        if self.usage_interval_s <= 0 or self.usage_log_max_bytes <= 0 or self.usage_log_rotate_s <= 0:
+            raise ConfigError("usage_interval_s, usage_log_max_bytes and usage_log_rotate_s must be positive")
+        if self.metrics_max_buckets < 0:
+            raise ConfigError("metrics_max_buckets must not be negative")
 
     @property
     def data_path(self) -> Path:
@@ -295,6 +365,20 @@ class Config:
             return token
         token = env.get("TIERED_ADMIN_TOKEN", "").strip()
         return token or None
+
+    @property
+    def auth_mode(self) -> str:
+        """The auth in force: unset means 'none' (``serve`` refuses unset off loopback: ``exposure_problem``)."""
+        return self.auth or "none"
+
+    def exposure_problem(self) -> str | None:
+        """Why serving would expose an open server by accident, or None."""
+        if self.auth or self.loopback_only:
+            return None
+        return (
+            f"refusing to listen on {self.host} without authentication: choose --auth tokens|jwt|none "
+            "(or TIERED_AUTH, or auth in the config file); --auth none serves everyone who can connect"
+        )
 
     @property
     def loopback_only(self) -> bool:

@@ -70,6 +70,10 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED"  # 401 + WWW-Authenticate
     FORBIDDEN = "FORBIDDEN"  # 403
     ADMIN_DISABLED = "ADMIN_DISABLED"  # 403: no admin token configured off loopback
+    TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # 404: no tiered-issued token with that id (admin API)
+    # Bucket quotas (context: quota, limit; rates also retry_after_s).
+    RATE_LIMITED = "RATE_LIMITED"  # 429 + Retry-After: a rate or concurrency quota
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # 507: a size quota (streams, retained bytes); waiting does not help
     # Subscriptions (the protocol's codes).
     WEBHOOK_URL_REJECTED = "WEBHOOK_URL_REJECTED"
     TOKEN_INVALID = "TOKEN_INVALID"

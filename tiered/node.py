@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
+from tiered.admin.metrics import Metrics
+from tiered.admin.timed import TimedFlusher, TimedStore
 from tiered.cold.backends import open_object_store
 from tiered.cold.claim import PrefixClaim, load_identity
-from tiered.cold.flusher import ColdFlusher
 from tiered.cold.health import StoreHealth
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectStore
@@ -30,6 +32,10 @@ from tiered.gc.context import GcContext
 from tiered.gc.runner import GcRunner
 from tiered.hot.log import SegmentLog
 
+from .auth.jwt import JwksFile, JwtVerifier
+from .auth.live import LiveLeases
+from .auth.service import AuthService
+from .auth.state import AuthState
 from .clock import Clock, SystemClock
 from .config import Config
 from .groups.service import GroupService
@@ -46,13 +52,19 @@ from .subscriptions.delivery import SubscriptionDelivery
 from .subscriptions.service import StreamEvents, SubscriptionService
 from .subscriptions.state import SubscriptionState
 from .tasks import BackgroundTasks, Job
+from .tenants.footprint import FootprintCache
+from .tenants.gate import TenantGate
+from .tenants.quotas import QUOTA_NAMES, from_config
+from .tenants.service import TenantService
+from .tenants.state import TenantState
+from .tenants.usage_log import UsageLog
 
 log = logging.getLogger(__name__)
 
 
 def new_state() -> StreamState:
     """An empty state with every extension state machine registered."""
-    return StreamState([GroupsState(), SubscriptionState()])
+    return StreamState([GroupsState(), SubscriptionState(), AuthState(), TenantState()])
 
 
 async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectStore:
@@ -92,12 +104,14 @@ class Node:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         data = config.data_path
+        self.metrics = Metrics()
         self.log = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
         self.journal = Journal(
             self.log,
             SnapshotStore(data / "snapshots"),
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
+            sync_seconds=self.metrics.fsync_seconds,
         )
         self.tasks = BackgroundTasks()
         self.store_health = StoreHealth(clock=self.clock.monotonic)
@@ -159,6 +173,7 @@ class Node:
             ),
             "snapshots": self._snapshots,
             "group-sweeper": self.groups.sweep_forever,
+            "usage-recorder": self.tenants.run_forever,
         }
         jobs.update(self.deliveries.jobs())
         return jobs
@@ -177,6 +192,11 @@ class Node:
         await self.tasks.stop()
         if self._composed:
             await self.deliveries.close()
+            if not self.offline and not self.journal.read_only and self.journal.failed is None:
+                try:
+                    await self.tenants.record_usage()  # what was counted since the last interval
+                except Exception:
+                    log.exception("usage counted since the last interval could not be recorded")
         if self.journal.read_only:
             self.log.close()
         else:
@@ -194,7 +214,8 @@ class Node:
         )
 
     async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:
-        return await open_store(self.config, read_only=read_only, probe=probe)
+        store = await open_store(self.config, read_only=read_only, probe=probe)
+        return TimedStore(store, self.metrics.store_operations)
 
     def _compose(self) -> None:
         c, state, clock = self.config, self.state, self.clock
@@ -221,9 +242,10 @@ class Node:
             clock,
             max_hot_bytes=c.max_hot_bytes,
             flush_bytes=c.flush_bytes,
+            append_seconds=self.metrics.append_seconds,
         )
         self.reaper = SegmentReaper(self.journal, state, clock, offline=self.offline)
-        self.flusher = ColdFlusher(
+        self.flusher = TimedFlusher(
             state,
             lambda s: self.visibility.view(s).tail,
             self.committer,
@@ -237,6 +259,7 @@ class Node:
             hot_retention_s=c.hot_retention_s,
             claim=self.claim,
         )
+        self.flusher.pass_seconds = self.metrics.cold_flush_seconds
         self.streams.kick_flush = self.flusher.kick
         reaper = self.reaper
         self.gc = GcRunner(
@@ -254,6 +277,7 @@ class Node:
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
+            pass_seconds=self.metrics.gc_pass_seconds,
         )
         self.subscriptions = SubscriptionService(
             state,
@@ -267,7 +291,64 @@ class Node:
         )
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
+        self._compose_tenants()
+        self.metrics.watch(self)
         self._composed = True
+
+    def _compose_tenants(self) -> None:
+        """Quotas and usage (every mode), and who may do what (``--auth``)."""
+        c, state, clock = self.config, self.state, self.clock
+        auth_state = state.extensions["auth"]
+        tenants_state = state.extensions["tenants"]
+        assert isinstance(auth_state, AuthState) and isinstance(tenants_state, TenantState)
+        self.footprint = FootprintCache(state)
+        self.committer.observers.append(self.footprint)
+        defaults = from_config({name: getattr(c, "quota_" + name) for name in QUOTA_NAMES})
+        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock)
+        self.streams.gate = self.gate
+        usage_log = (
+            UsageLog(Path(c.usage_log), max_bytes=c.usage_log_max_bytes, rotate_s=c.usage_log_rotate_s)
+            if c.usage_log
+            else None
+        )
+        self.tenants = TenantService(
+            state,
+            tenants_state,
+            self.committer,
+            self.gate,
+            clock,
+            interval_s=c.usage_interval_s,
+            usage_log=usage_log,
+        )
+        self.reader.on_egress = self.tenants.counter.egress
+        self.leases = LiveLeases(clock, self.waiters.notify)
+        jwt = None
+        if c.auth_mode == "jwt":
+            self.jwks = JwksFile(Path(c.jwks_file), clock.monotonic)
+            jwt = JwtVerifier(
+                self.jwks,
+                issuer=c.jwt_issuer,
+                audience=c.jwt_audience,
+                now_ms=clock.now_ms,
+                leeway_s=c.jwt_leeway_s,
+                scope_claim=c.jwt_scope_claim,
+            )
+        self.auth = AuthService(
+            state,
+            auth_state,
+            self.committer,
+            clock,
+            self.leases,
+            mode=c.auth_mode,
+            admin_token=c.admin_token() if not self.offline else None,
+            jwt=jwt,
+        )
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read the JWKS file again (a no-op without ``--auth jwt``)."""
+        jwks = getattr(self, "jwks", None)
+        if jwks is not None:
+            jwks.reload()
 
     async def _snapshots(self) -> None:
         """Snapshot whenever the committer says enough journal has piled up since the last one."""

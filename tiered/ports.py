@@ -8,6 +8,7 @@ import cycle and each can be tested with fakes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 
@@ -33,3 +34,29 @@ class PrefixOwner(Protocol):
     async def still_held(self, *, force: bool = False) -> bool:
         """Whether this data dir still owns the object-store prefix (nothing is written or deleted otherwise)."""
         ...
+
+
+class LatencyRecorder(Protocol):
+    """Where a shell reports how long something took: a histogram (``tiered.admin.metrics``).
+
+    ``observe(seconds)`` records one duration the shell measured on its clock;
+    ``with recorder.time(): ...`` measures the block itself, whatever its
+    outcome (for shells without a clock, such as the journal's writer thread).
+    """
+
+    def observe(self, amount: float) -> None: ...
+
+    def time(self) -> AbstractContextManager[Any]: ...
+
+
+class NotRecorded:
+    """A ``LatencyRecorder`` that records nothing: the default where no node's metrics are wired in."""
+
+    def observe(self, amount: float) -> None:
+        pass
+
+    def time(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+
+NOT_RECORDED = NotRecorded()

@@ -17,6 +17,7 @@
 --                                   threads' starting streams (default 1)
 --
 -- The streams must already exist (bench/run.py creates them with PUT).
+-- BENCH_AUTHORIZATION, when set, is sent as the Authorization header.
 --
 -- done() prints one machine-readable line:
 --   BENCH_RESULT {json}
@@ -88,6 +89,9 @@ function init(args)
     ["Content-Type"] = "application/octet-stream",
     ["Content-Length"] = tostring(#body),
   }
+  -- A server with --auth needs a credential (never on the command line: from the environment).
+  local authorization = os.getenv("BENCH_AUTHORIZATION") or ""
+  if authorization ~= "" then headers["Authorization"] = authorization end
   -- Pre-build every request once; request() is then a table lookup.
   requests_list = {}
   for i = 0, p.streams - 1 do

@@ -17,6 +17,7 @@ Open: ``GET /healthz`` (liveness) and ``GET /readyz`` (readiness).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import msgspec
@@ -30,7 +31,10 @@ from tiered.parsing import UInt, decode_body, query_flag
 from tiered.streams.http import decode_path
 from tiered.streams.service import StreamService
 
+log = logging.getLogger(__name__)
+
 Readiness = Callable[[], tuple[bool, dict[str, object]]]
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' classic text format
 
 
 class RetentionBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,6 +86,12 @@ class AdminRoutes:
         bucket = validate_bucket(request.params["bucket"])
         body = decode_body(await request.body(), RetentionBody)
         await self.streams.set_retention(bucket, path, body.retention_ms, body.retention_bytes)
+        log.info(
+            "admin: retention of %s set to %s ms, %s bytes",
+            f"{bucket}/{path}" if path is not None else f"bucket {bucket}",
+            body.retention_ms,
+            body.retention_bytes,
+        )
         return json_response({"retention_ms": body.retention_ms, "retention_bytes": body.retention_bytes})
 
     async def retain(self, request: Request) -> Response:
@@ -92,6 +102,7 @@ class AdminRoutes:
         if offset is None:
             raise bad_request(f"malformed offset {body.offset!r}")
         s = await self.streams.retain_from(bucket, path, offset)
+        log.info("admin: %s/%s retained from offset %s", bucket, path, format_offset(s.retained_from))
         return Response(204, {"Stream-Retained-Offset": format_offset(s.retained_from)})
 
     # -------------------------------------------------------------- GC
@@ -103,7 +114,16 @@ class AdminRoutes:
 
     async def run_gc(self, request: Request) -> Response:
         dry_run = query_flag(request.query, "dry_run")
-        report = await self._gc().run_pass(dry_run=dry_run)
+        gc = self._gc()
+        log.info("admin: GC pass%s requested", " (dry run)" if dry_run else "")
+        report = await gc.run_pass(dry_run=dry_run)
+        log.info(
+            "admin: GC pass%s done: %d objects deleted, %d errors, %d integrity errors",
+            " (dry run)" if dry_run else "",
+            report.objects_deleted,
+            len(report.errors),
+            len(report.integrity_errors),
+        )
         return json_response(report.to_json())
 
     async def gc_status(self, request: Request) -> Response:
@@ -119,9 +139,7 @@ class AdminRoutes:
     # -------------------------------------------------------------- operations
 
     async def metrics(self, request: Request) -> Response:
-        return Response(
-            200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}, self.render_metrics()
-        )
+        return Response(200, {"Content-Type": METRICS_CONTENT_TYPE}, self.render_metrics())
 
     async def health(self, request: Request) -> Response:
         """Liveness: the process runs and its journal writes (an object-store outage is not fatal)."""

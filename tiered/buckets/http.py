@@ -30,7 +30,11 @@ class BucketRoutes:
         router.add("DELETE", "/v1/buckets/{bucket}", erase)
 
     async def list(self, request: Request) -> Response:
-        return json_response({"buckets": self.service.list_buckets()})
+        buckets = self.service.list_buckets()
+        caller = request.auth
+        if caller is not None:  # only the buckets the caller may see
+            buckets = [b for b in buckets if caller.visible(b["name"])]
+        return json_response({"buckets": buckets})
 
     async def create(self, request: Request) -> Response:
         name = validate_bucket(request.params["bucket"])

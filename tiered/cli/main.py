@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from tiered.config import Config, ConfigError, load_config
+from tiered.logs import configure_logging
 
 MiB = 1024 * 1024
 
@@ -87,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tiered: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
     if args.command == "serve":
         from .serve import run
 

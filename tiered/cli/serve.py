@@ -26,20 +26,26 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     lock = DataDirLock(config.data_path)
     lock.acquire()
     node = Node(config)
+    # Handlers first: a SIGTERM that arrives while recovering or just after the listener opened
+    # must still end in a clean shutdown, not the default action's abrupt exit.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await node.start()
         listener = make_listener(config, build_handler(node))
         scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
-            print(
-                f"tiered listening on {scheme}://{host}:{port} ({config.http_server}; "
-                f"data dir {config.data_path.resolve()})",
-                flush=True,
+            log.info(  # a log line, so --log-format json keeps every line JSON
+                "tiered listening on %s://%s:%s (%s; data dir %s)",
+                scheme,
+                host,
+                port,
+                config.http_server,
+                config.data_path.resolve(),
             )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -64,6 +70,10 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
     lock.acquire()
     cluster = ClusterServer(config)
     listener: Listener | None = None
+    stop = asyncio.Event()  # handlers first, as in serve(): a SIGTERM during start-up shuts down cleanly
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         listener = make_listener(config, build_cluster_handler(cluster))
         scheme = "https" if config.tls_cert else "http"
@@ -73,15 +83,16 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         # Bounded: a node that cannot take shards yet (peers still hold them) serves by forwarding.
         await cluster.wait_serving(timeout_s=3 * config.cluster_lease_ttl_s)
         for host, port in bound:
-            print(
-                f"tiered listening on {scheme}://{host}:{port} ({config.http_server}; cluster node "
-                f"{config.cluster_node_id}, durability {config.durability}; data dir {config.data_path.resolve()})",
-                flush=True,
+            log.info(
+                "tiered listening on %s://%s:%s (%s; cluster node %s, durability %s; data dir %s)",
+                scheme,
+                host,
+                port,
+                config.http_server,
+                config.cluster_node_id,
+                config.durability,
+                config.data_path.resolve(),
             )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -117,11 +128,16 @@ def make_listener(config: Config, handler: Handler) -> Listener:
 
 
 def run(config: Config) -> int:
+    from tiered.auth.jwt import JwksError
     from tiered.cold.claim import PrefixClaimed
     from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
+    problem = config.exposure_problem()
+    if problem is not None:
+        print(f"tiered: cannot start: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
@@ -144,6 +160,7 @@ def run(config: Config) -> int:
         SnapshotError,
         PrefixClaimed,
         ObjectStoreError,
+        JwksError,
         OSError,
     ) as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)

@@ -131,7 +131,11 @@ class GroupRoutes:
     # ---------------------------------------------------------------- admin
 
     async def list_groups(self, request: Request) -> Response:
-        return json_response({"groups": await self.service.list_groups()})
+        groups = await self.service.list_groups()
+        caller = request.auth
+        if caller is not None:  # only the groups of buckets the caller may see
+            groups = [g for g in groups if caller.visible(g["bucket"])]
+        return json_response({"groups": groups})
 
     async def create(self, request: Request) -> Response:
         name = _group(request)

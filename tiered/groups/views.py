@@ -94,6 +94,7 @@ def summary(groups: GroupsState) -> list[dict[str, Any]]:
     return [
         {
             "group": name,
+            "bucket": g.spec.bucket,
             "incarnation": g.incarnation,
             "revision": g.revision,
             "members": len(g.members),

@@ -2,10 +2,16 @@
 
 Order of routes (first match wins): the reserved subscription APIs
 (``/v1/stream/__ds``) before streams, then buckets, groups, admin and
-operations. Middleware, outermost first: security headers (on every
-response), CORS preflight, error mapping; in cluster mode then shard routing
-(``shard_routing.py``: each request to its shard's engine, here or forwarded
-to the shard's owner), in front of one router per served shard's engine.
+operations. Middleware, outermost first: request ids (for every log line and
+response; it also hands each answer to the request metrics), security headers
+(on every response), CORS preflight (open, no credentials), error mapping,
+auth (who may do what: ``tiered.http.auth``), usage (each admitted request
+counted in its bucket, live readers held to their quota).
+
+In cluster mode (``build_cluster_handler``) shard routing
+(``shard_routing.py``) comes after error mapping: each request goes to its
+shard's engine, here (through that engine's auth and usage middleware and
+router) or forwarded to the shard's owner.
 """
 
 from __future__ import annotations
@@ -13,19 +19,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.admin.http import AdminRoutes
-from tiered.admin.metrics import render_metrics
+from tiered.auth.http import AuthRoutes
 from tiered.buckets.http import BucketRoutes
 from tiered.groups.http import GroupRoutes
 from tiered.streams.http import StreamRoutes
 from tiered.subscriptions.http import SubscriptionRoutes
+from tiered.tenants.http import TenantRoutes
 
+from .access import AccessMap
 from .admin_auth import AdminGuard
+from .auth import auth_middleware
 from .cors import cors_preflight
 from .errors import map_errors
+from .request_id import request_ids
 from .router import Router
 from .security_headers import security_headers
 from .shard_routing import shard_routing
 from .types import Handler, Request, Response, json_response
+from .usage import usage_middleware
 
 if TYPE_CHECKING:
     from tiered.cluster.server import ClusterServer
@@ -33,7 +44,8 @@ if TYPE_CHECKING:
 
 
 def build_handler(node: Node) -> Handler:
-    return security_headers(cors_preflight(map_errors(build_router(node))))
+    chain = security_headers(cors_preflight(map_errors(_engine_chain(node))))
+    return request_ids(chain, on_answer=node.metrics.count_answer)
 
 
 def build_cluster_handler(cluster: ClusterServer) -> Handler:
@@ -52,9 +64,8 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
 
     node_router.add("GET", "/healthz", health)
     node_router.add("GET", "/readyz", ready)
-    return security_headers(
-        cors_preflight(map_errors(shard_routing(cluster, build_router, cluster.forwarder, node_router)))
-    )
+    routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
+    return request_ids(security_headers(cors_preflight(map_errors(routed))))
 
 
 def build_router(node: Node) -> Router:
@@ -77,7 +88,25 @@ def build_router(node: Node) -> Router:
         node.gc,
         guard,
         node.readiness,
-        lambda: render_metrics(node),
+        node.metrics.exposition,
         lambda: node.journal.failed is None,
     ).install(router)
+    AuthRoutes(node.auth, guard).install(router)
+    TenantRoutes(node.tenants, guard).install(router)
     return router
+
+
+def _engine_chain(node: Node) -> Handler:
+    """One engine's routes behind its auth and usage middleware."""
+    router = build_router(node)
+    groups = node.groups.groups
+    access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
+    buckets = node.state.buckets
+    counted = usage_middleware(node.tenants.counter, node.gate, buckets.__contains__)(router)
+    node.metrics.label_unrouted = router.label  # auth refusals never reach the router
+    return auth_middleware(node.auth, access)(counted)
+
+
+def build_engine_handler(node: Node) -> Handler:
+    """Cluster mode: one shard's engine (errors mapped here too, so its metrics see the real status)."""
+    return map_errors(_engine_chain(node))

@@ -9,7 +9,7 @@ and the protocol's headers carry what clients must not parse bodies for:
 ``Stream-Closed`` and ``Stream-Next-Offset`` on a closed stream,
 ``Stream-Next-Offset`` below the retained offset, ``Producer-Epoch`` and the
 expected/received sequence headers for producers, ``Retry-After`` on every
-503, ``WWW-Authenticate`` on 401, ``Allow`` on 405. Anything that is not a
+429 and 503, ``WWW-Authenticate`` on 401, ``Allow`` on 405. Anything that is not a
 ``TieredError`` is a bug: logged with its traceback, answered 500.
 """
 
@@ -42,6 +42,7 @@ STATUS: dict[ErrorCode, int] = {
     C.BUCKET_NOT_FOUND: 404,
     C.SUBSCRIPTION_NOT_FOUND: 404,
     C.GROUP_NOT_FOUND: 404,
+    C.TOKEN_NOT_FOUND: 404,
     C.METHOD_NOT_ALLOWED: 405,
     C.STREAM_EXISTS: 409,
     C.STREAM_CLOSED: 409,
@@ -66,6 +67,7 @@ STATUS: dict[ErrorCode, int] = {
     C.BUCKET_ALREADY_ERASED: 410,
     C.PAYLOAD_TOO_LARGE: 413,
     C.TOO_MANY_STREAMS: 413,
+    C.RATE_LIMITED: 429,
     C.INTERNAL_ERROR: 500,
     C.DATA_DAMAGED: 502,
     C.HOT_TIER_FULL: 503,
@@ -76,6 +78,7 @@ STATUS: dict[ErrorCode, int] = {
     C.UNAVAILABLE: 503,
     C.SHARD_NOT_OWNED: 503,  # cluster: no valid lease here (yet); the owner or a retry will answer
     C.SHARD_FENCED: 503,  # cluster: a higher epoch took the shard over; retry reaches the new owner
+    C.QUOTA_EXCEEDED: 507,
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -86,6 +89,7 @@ RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.UNAVAILABLE: 5,
     C.SHARD_NOT_OWNED: 1,
     C.SHARD_FENCED: 1,
+    C.RATE_LIMITED: 1,
 }
 _encode = msgspec.json.Encoder().encode
 
@@ -109,7 +113,7 @@ def error_response(exc: TieredError) -> Response:
         headers["WWW-Authenticate"] = ctx.get("challenge", "Bearer")
     elif code is C.METHOD_NOT_ALLOWED and "allow" in ctx:
         headers["Allow"] = ctx["allow"]
-    if status == 503:
+    if status in (429, 503):
         headers["Retry-After"] = str(ctx.get("retry_after_s", RETRY_AFTER_S.get(code, 1)))
     body = {"code": code.value, "message": exc.message}
     body.update((k, v) for k, v in ctx.items() if k not in ("challenge", "allow"))

@@ -22,6 +22,8 @@ EXPOSED_HEADERS = ", ".join(
         "Location",
         "Content-Type",
         "Retry-After",
+        "X-Request-Id",
+        "WWW-Authenticate",
     ]
 )
 SECURITY_HEADERS = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Protocol
 from urllib.parse import parse_qsl
 
 from tiered.errors import ErrorCode, TieredError
@@ -17,10 +18,62 @@ from tiered.errors import ErrorCode, TieredError
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
-class Request:
-    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded."""
+#: ``Request.route`` of a request no route matched (yet).
+UNMATCHED = "unmatched"
 
-    __slots__ = ("method", "path", "query_string", "headers", "scheme", "host", "params", "_read", "_query")
+
+class LiveLease(Protocol):
+    """How long the credential behind a live read (long-poll, SSE) may keep it open.
+
+    Set by the auth middleware (``tiered.http.auth``); the read path asks it
+    between waits and has it watch the stream it waits on, so revoking the
+    credential wakes the reader at once.
+    """
+
+    def end_reason(self) -> str | None:
+        """Why live reads must end now ("expired", "revoked"), or None while the credential holds."""
+        ...
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the credential expires (None: it does not)."""
+        ...
+
+    def watch(self, uid: int) -> None: ...
+
+    def unwatch(self, uid: int) -> None: ...
+
+
+class AuthView(Protocol):
+    """What routes may ask about the caller (set by the auth middleware; None when auth is off)."""
+
+    lease: LiveLease | None
+
+    def visible(self, bucket: str) -> bool:
+        """Whether listings may show this bucket (and what lives in it) to the caller."""
+        ...
+
+
+class Request:
+    """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.
+
+    The router fills in ``params`` and ``route`` (the matched route's name, for metrics).
+    """
+
+    __slots__ = (
+        "method",
+        "path",
+        "query_string",
+        "headers",
+        "scheme",
+        "host",
+        "params",
+        "route",
+        "auth",
+        "access",
+        "_read",
+        "_query",
+        "_body",
+    )
 
     def __init__(
         self,
@@ -40,12 +93,20 @@ class Request:
         self.scheme = scheme
         self.host = host
         self.params: dict[str, str] = {}
+        self.route = UNMATCHED  # until a route matches (or the CORS preflight answers)
+        self.auth: AuthView | None = None  # the caller, when auth is on (``tiered.http.auth``)
+        self.access: object | None = (
+            None  # what the request touches (``tiered.http.access``), once classified
+        )
         self._read = read
         self._query: dict[str, str] | None = None
+        self._body: bytes | None = None
 
     async def body(self) -> bytes:
-        """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``)."""
-        return await self._read()
+        """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``); read once, kept."""
+        if self._body is None:
+            self._body = await self._read()
+        return self._body
 
     @property
     def origin(self) -> str | None:
@@ -84,6 +145,46 @@ class Response:
         self.status = status
         self.headers = headers if headers is not None else {}
         self.body = body
+
+
+class _AfterBody:
+    """A streamed body that runs ``done`` once, however it ends (exhausted, failed, or closed unstarted)."""
+
+    __slots__ = ("_body", "_done")
+
+    def __init__(self, body: AsyncIterator[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._done: Callable[[], None] | None = done
+
+    def __aiter__(self) -> _AfterBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._body.__anext__()
+        except BaseException:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()
+
+    async def aclose(self) -> None:
+        self._finish()
+        aclose = getattr(self._body, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def after_body(response: Response, done: Callable[[], None]) -> Response:
+    """Run ``done`` when the response is finished: now for a bytes body, at its end for a streamed one."""
+    if isinstance(response.body, bytes):
+        done()
+    else:
+        response.body = _AfterBody(response.body, done)
+    return response
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -25,6 +25,7 @@ import msgspec
 
 from tiered.hot.log import LogPosition, SegmentLog, WriteBatch
 from tiered.hot.segment import FRAME, FRAME_SIZE, is_marker
+from tiered.ports import NOT_RECORDED, LatencyRecorder
 from tiered.streams.records import Appended, StreamCreated
 from tiered.streams.state import StreamState
 
@@ -91,7 +92,9 @@ class Journal:
         fsync: str = "always",
         fsync_interval_ms: int = 100,
         max_pending_bytes: int = 32 * 1024 * 1024,
+        sync_seconds: LatencyRecorder = NOT_RECORDED,
     ) -> None:
+        """``sync_seconds`` times each batch's write + fdatasync (``always``), or each periodic sync."""
         if fsync not in ("always", "interval"):
             raise ValueError("fsync must be 'always' or 'interval'")
         self.log = log_
@@ -99,6 +102,7 @@ class Journal:
         self.fsync_always = fsync == "always"
         self.fsync_interval_ms = fsync_interval_ms
         self.max_pending_bytes = max_pending_bytes
+        self.sync_seconds = sync_seconds
         self.failed: BaseException | None = None
         self.read_only = False  # opened for inspection (a dry run): every append is refused
         self.bytes_since_snapshot = 0
@@ -230,8 +234,16 @@ class Journal:
             future.set_result(None)
 
     def _write(self, batch: WriteBatch) -> None:
-        self.log.write_batch(batch, sync=self.fsync_always)
-        self._dirty_since_sync = not self.fsync_always
+        if self.fsync_always:
+            with self.sync_seconds.time():
+                self.log.write_batch(batch, sync=True)
+        else:
+            self.log.write_batch(batch, sync=False)
+            self._dirty_since_sync = True
+
+    def _timed_sync(self) -> None:
+        with self.sync_seconds.time():
+            self.log.sync()
 
     async def _interval_sync_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -240,7 +252,7 @@ class Journal:
             if self._dirty_since_sync:
                 self._dirty_since_sync = False
                 try:
-                    await loop.run_in_executor(self._executor, self.log.sync)
+                    await loop.run_in_executor(self._executor, self._timed_sync)
                 except Exception as exc:
                     log.critical("journal fsync failed: %s", exc)
                     self.failed = exc

@@ -18,14 +18,14 @@ from tiered.clock import Clock
 from tiered.content import is_text_like, json_messages_to_array, valid_media_type
 from tiered.errors import ErrorCode, TieredError, bad_request
 from tiered.http.router import Router
-from tiered.http.types import Request, Response
+from tiered.http.types import LiveLease, Request, Response
 from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.parsing import parse_uint
 
 from .model import AppendRequest, CreateRequest, ForkRequest, Stream
 from .protocol import next_cursor, parse_closed, parse_expires_at
 from .service import StreamService
-from .sse import control_event, data_event, utf8_boundary
+from .sse import control_event, credential_event, data_event, utf8_boundary
 
 STREAM_PREFIX = "/v1/stream/"
 BUCKETS_PREFIX = "/v1/buckets/"
@@ -35,6 +35,8 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
 
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
+#: Metrics labels of stream operations (``route`` in ``tiered_http_requests_total``).
+OPERATION_LABELS = {"POST": "append", "GET": "read", "HEAD": "head", "PUT": "create", "DELETE": "delete"}
 
 #: Decoded and validated stream addresses by raw request path: clients send the
 #: same few URLs over and over, and decoding plus validating costs more than a lookup.
@@ -101,8 +103,11 @@ class StreamRoutes:
         self._addresses: dict[str, tuple[str, str]] = {}
 
     def install(self, router: Router) -> None:
-        router.add("*", "/v1/stream/{path...}", self.dispatch)
-        router.add("*", "/v1/buckets/{bucket}/stream/{path...}", self.dispatch)
+        for pattern in ("/v1/stream/{path...}", "/v1/buckets/{bucket}/stream/{path...}"):
+            # One label per operation, whichever bucket (tiered_http_requests_total{route="append"}).
+            for method, label in OPERATION_LABELS.items():
+                router.add(method, pattern, self.dispatch, label=label)
+            router.add("*", pattern, self.dispatch)  # any other method: 405 from dispatch
 
     async def dispatch(self, request: Request) -> Response:
         handler = self._methods.get(request.method)
@@ -325,6 +330,7 @@ class StreamRoutes:
 
     async def _long_poll(self, request: Request, s: Stream, offset: int) -> Response:
         service, clock = self.service, self.clock
+        lease = request.auth.lease if request.auth is not None else None
         cursor = self._cursor(request.query.get("cursor"))
         deadline = clock.monotonic() + self.long_poll_timeout_s
         while True:
@@ -341,7 +347,8 @@ class StreamRoutes:
                     },
                 )
             remaining = deadline - clock.monotonic()
-            if remaining <= 0 or service.closing:
+            # A credential that ended answers like a timeout: the next request gets its 401.
+            if remaining <= 0 or service.closing or (lease is not None and lease.end_reason() is not None):
                 return Response(
                     204,
                     {
@@ -350,7 +357,7 @@ class StreamRoutes:
                         "Stream-Cursor": cursor,
                     },
                 )
-            await service.wait_for_change(s, offset, remaining)
+            await _wait(service, s, offset, remaining, lease)
             if not service.still_live(s):
                 raise TieredError(ErrorCode.STREAM_NOT_FOUND, "stream was deleted")
 
@@ -367,7 +374,10 @@ class StreamRoutes:
         if offset < self.service.view(s).tail:
             # Read before the 200 goes out: damage or an outage here is an ordinary error answer.
             first = await self._read_chunk(s, offset, whole_chars=not binary)
-        return Response(200, headers, self._sse_events(s, offset, binary, first, request.query.get("cursor")))
+        lease = request.auth.lease if request.auth is not None else None
+        return Response(
+            200, headers, self._sse_events(s, offset, binary, first, request.query.get("cursor"), lease)
+        )
 
     async def _sse_events(
         self,
@@ -376,13 +386,21 @@ class StreamRoutes:
         binary: bool,
         first: tuple[bytes, int, bool, bool] | None,
         client_cursor: str | None,
+        lease: LiveLease | None = None,
     ) -> AsyncIterator[bytes]:
-        """The event stream; an error after the 200 ends it abruptly (the adapter cuts the connection)."""
+        """The event stream; an error after the 200 ends it abruptly (the adapter cuts the connection).
+
+        A read whose credential expires or is revoked ends with a control event saying so.
+        """
         service, clock = self.service, self.clock
         deadline = clock.monotonic() + self.sse_max_connection_s
         sent_control = False
         while True:
             if service.closing or not service.still_live(s):
+                return
+            reason = lease.end_reason() if lease is not None else None
+            if reason is not None:
+                yield credential_event(offset, reason)
                 return
             v = service.view(s)
             if offset < v.tail:
@@ -411,9 +429,25 @@ class StreamRoutes:
             remaining = deadline - clock.monotonic()
             if remaining <= 0:
                 return
-            changed = await service.wait_for_change(s, offset, min(remaining, 15.0))
-            if not changed and clock.monotonic() < deadline:
+            changed = await _wait(service, s, offset, min(remaining, 15.0), lease)
+            if not changed and clock.monotonic() < deadline and (lease is None or lease.end_reason() is None):
                 yield b": keep-alive\n\n"
+
+
+async def _wait(
+    service: StreamService, s: Stream, offset: int, timeout: float, lease: LiveLease | None
+) -> bool:
+    """Wait for the stream to move, no longer than the credential holds; revoking it wakes us."""
+    if lease is None:
+        return await service.wait_for_change(s, offset, timeout)
+    left = lease.seconds_left()
+    if left is not None:
+        timeout = min(timeout, left)
+    lease.watch(s.uid)
+    try:
+        return await service.wait_for_change(s, offset, timeout)
+    finally:
+        lease.unwatch(s.uid)
 
 
 def _expiry(h: Mapping[str, str]) -> tuple[int | None, str | None, int | None]:

@@ -196,6 +196,9 @@ class StateExtension(Protocol):
 
     Subscriptions and consumer groups register one: the journal replays their
     records through ``apply`` and snapshots carry their ``snapshot()`` bytes.
+    An extension that lists stream record types in ``observed_types`` has
+    ``observe(record, state)`` called right after ``StreamState`` applied one
+    (tenants count usage there, so replay counts exactly what was journaled).
     """
 
     name: str
@@ -206,3 +209,9 @@ class StateExtension(Protocol):
     def snapshot(self) -> bytes: ...
 
     def restore(self, data: bytes) -> None: ...
+
+
+class StreamObserver(Protocol):
+    """An extension that lists ``observed_types``: sees those stream records once applied."""
+
+    def observe(self, record: Any, state: Any) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
+from collections.abc import Callable
 
 from tiered.cold.chunk_index import ColdDataDamaged
 from tiered.cold.health import StoreHealth
@@ -48,6 +49,8 @@ class StreamReader:
         self.store_health = store_health
         self.cold_read_timeout_s = cold_read_timeout_s
         self.integrity_errors = {"hot": 0, "cold": 0}  # reads refused for damage
+        # Usage: bytes served, by the bucket of the stream read and the tier they came from.
+        self.on_egress: Callable[[str, int, int], None] | None = None
 
     async def read(self, s: Stream, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a stream (callers stay within the visible tail)."""
@@ -73,7 +76,10 @@ class StreamReader:
         if c.starts and start >= c.starts[0] and (s.fork_source is None or start >= s.fork_offset):
             # All hot, all the stream's own: the common catch-up case, no slice objects.
             i = bisect_right(c.starts, start) - 1
-            return hot.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
+            data = hot.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
+            if self.on_egress is not None:
+                self.on_egress(s.bucket, len(data), 0)
+            return data
         slices = self.state.plan_read(s, start, end)
         # Hot slices first, with no await in between: a segment the plan names
         # cannot be trimmed and deleted while cold reads are in flight.
@@ -89,6 +95,10 @@ class StreamReader:
             fetched = await asyncio.gather(*(self._read_cold(sl) for _, sl in cold))
             for (i, _), data in zip(cold, fetched, strict=True):
                 parts[i] = data
+        if self.on_egress is not None:
+            cold_bytes = sum(len(parts[i] or b"") for i, _ in cold)
+            hot_bytes = sum(len(p or b"") for p in parts) - cold_bytes
+            self.on_egress(s.bucket, hot_bytes, cold_bytes)
         if len(parts) == 1:
             return parts[0] or b""
         return b"".join(p or b"" for p in parts)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from tiered.clock import Clock
 from tiered.content import encode_json_messages, is_json
 from tiered.errors import ErrorCode, TieredError
 from tiered.journal.committer import Committer
+from tiered.ports import NOT_RECORDED, LatencyRecorder
 
 from . import appends, lifecycle
 from .model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
@@ -26,6 +27,14 @@ from .state import StreamState
 from .visibility import Visibility, VisibleView, Waiters
 
 log = logging.getLogger(__name__)
+
+
+class WriteGate(Protocol):
+    """Checks a decided write against its bucket's quotas, right before it is committed."""
+
+    def admit(
+        self, bucket: str, *, body_bytes: int, stored_bytes: int, new_streams: int, rated: bool
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,7 @@ class StreamService:
         *,
         max_hot_bytes: int,
         flush_bytes: int,
+        append_seconds: LatencyRecorder = NOT_RECORDED,
     ) -> None:
         self.state = state
         self.committer = committer
@@ -60,7 +70,9 @@ class StreamService:
         self.clock = clock
         self.max_hot_bytes = max_hot_bytes
         self.flush_bytes = flush_bytes
+        self.append_seconds = append_seconds
         self.kick_flush: Callable[[], None] | None = None  # set by the node when a flusher runs
+        self.gate: WriteGate | None = None  # bucket quotas (``tiered.tenants.gate``), set by the node
         self.closing = False  # set at shutdown: live readers finish at once
 
     def begin_shutdown(self) -> None:
@@ -156,6 +168,7 @@ class StreamService:
 
         ``req.data`` is the body as sent; a JSON stream stores it as messages.
         """
+        body_bytes = len(req.data)
         content_type = req.content_type
         if content_type is None and req.fork is not None:
             source = self.state.streams.get(req.fork.source_uid)
@@ -166,45 +179,69 @@ class StreamService:
         await self.committer.admit()
         try:
             records, existing = self.state.decide_create(bucket, path, req, self.clock.now_ms())
+            created = records[-1] if records else None
+            if self.gate is not None and isinstance(created, StreamCreated):
+                self.gate.admit(
+                    bucket,
+                    body_bytes=body_bytes,
+                    stored_bytes=len(created.data),
+                    new_streams=1 - (len(records) - 1),  # a create may replace an expired stream
+                    rated=bool(created.data),
+                )
         except TieredError as exc:
             raise await self._refuse_when_durable(exc) from None
         if existing is not None:
             await self.committer.settled()  # the matching create may still be in flight
             return False, existing
         future = self.committer.commit_nowait(records)
-        created = records[-1]
         assert isinstance(created, StreamCreated)
         await self.committer.durable(future)
         return True, self.state.streams[created.uid]
 
     async def append(self, bucket: str, path: str, req: AppendRequest) -> AppendResult:
-        """Append ``req.data`` (the body as sent; a JSON stream stores it as messages)."""
-        await self.committer.admit()
+        """Append ``req.data`` (the body as sent; a JSON stream stores it as messages).
+
+        Timed (``append_seconds``) from admission to the answer, refusals included.
+        """
+        started = self.clock.monotonic()  # timed inline: a wrapper coroutine would cost every append
+        body_bytes = len(req.data)
         try:
-            s = self.lookup(bucket, path)  # the one lookup of this append
-            if (
-                req.data
-                and s.json
-                and not s.closed
-                and req.content_type is not None
-                and is_json(req.content_type)
-            ):
-                req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
-            self.check_hot_capacity(len(req.data))
-            decided = appends.check_append(s, req, self.clock.now_ms())
-        except TieredError as exc:
-            raise await self._refuse_when_durable(exc) from None
-        if isinstance(decided, Duplicate):
-            # The original may still be on its way to disk: answer once it is.
-            await self.committer.settled()
-            return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
-        future = self.committer.commit_nowait([decided])
-        tail, closed = s.tail, s.closed
-        await self.committer.durable(future)
-        # After durability: a flush pass only takes durable data.
-        if self.kick_flush is not None and self.state.hot_bytes >= self.flush_bytes:
-            self.kick_flush()
-        return AppendResult(s, tail, closed, False, bool(decided.data), decided.epoch, decided.seq)
+            await self.committer.admit()
+            try:
+                s = self.lookup(bucket, path)  # the one lookup of this append
+                if (
+                    req.data
+                    and s.json
+                    and not s.closed
+                    and req.content_type is not None
+                    and is_json(req.content_type)
+                ):
+                    req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
+                self.check_hot_capacity(len(req.data))
+                decided = appends.check_append(s, req, self.clock.now_ms())
+                if self.gate is not None and not isinstance(decided, Duplicate):
+                    self.gate.admit(
+                        s.bucket,
+                        body_bytes=body_bytes,
+                        stored_bytes=len(decided.data),
+                        new_streams=0,
+                        rated=True,
+                    )
+            except TieredError as exc:
+                raise await self._refuse_when_durable(exc) from None
+            if isinstance(decided, Duplicate):
+                # The original may still be on its way to disk: answer once it is.
+                await self.committer.settled()
+                return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
+            future = self.committer.commit_nowait([decided])
+            tail, closed = s.tail, s.closed
+            await self.committer.durable(future)
+            # After durability: a flush pass only takes durable data.
+            if self.kick_flush is not None and self.state.hot_bytes >= self.flush_bytes:
+                self.kick_flush()
+            return AppendResult(s, tail, closed, False, bool(decided.data), decided.epoch, decided.seq)
+        finally:
+            self.append_seconds.observe(self.clock.monotonic() - started)
 
     async def delete(self, bucket: str, path: str) -> None:
         await self.committer.admit()

@@ -54,3 +54,15 @@ def control_event(next_offset: int, cursor: str | None, up_to_date: bool, closed
     if closed:
         control["streamClosed"] = True
     return b"event: control\ndata:" + msgspec.json.encode(control) + b"\n\n"
+
+
+def credential_event(next_offset: int, reason: str) -> bytes:
+    """The last event of a read whose credential ended: where to resume, and why it stops.
+
+    ``{"streamNextOffset": ..., "credentialExpired": true}`` (or
+    ``"credentialRevoked"``); a client resumes from that offset with a new
+    credential (reconnecting with the old one gets 401).
+    """
+    key = "credentialRevoked" if reason == "revoked" else "credentialExpired"
+    control = {"streamNextOffset": format_offset(next_offset), key: True}
+    return b"event: control\ndata:" + msgspec.json.encode(control) + b"\n\n"

@@ -19,13 +19,22 @@ record. Nothing here touches a disk, a socket or a clock: time comes in as
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from tiered.errors import ErrorCode, TieredError
 from tiered.ids import DEFAULT_BUCKET
 
 from . import appends, cold_refs, lifecycle, reads, release
-from .model import AppendRequest, ColdObject, CreateRequest, Duplicate, ReadSlice, StateExtension, Stream
+from .model import (
+    AppendRequest,
+    ColdObject,
+    CreateRequest,
+    Duplicate,
+    ReadSlice,
+    StateExtension,
+    Stream,
+    StreamObserver,
+)
 from .records import (
     Appended,
     BucketCreated,
@@ -50,14 +59,19 @@ Location = tuple[int, int]
 class StreamState:
     """All streams and buckets, and the rules that change them."""
 
-    # Not journal state: wiring (which extension applies which record type).
-    SOFT_STATE: ClassVar[tuple[str, ...]] = ("_extension_by_type",)
+    # Not journal state: wiring (which extension applies, or observes, which record type).
+    SOFT_STATE: ClassVar[tuple[str, ...]] = ("_extension_by_type", "_observers_by_type")
 
     def __init__(self, extensions: Sequence[StateExtension] = ()) -> None:
         self.extensions: dict[str, StateExtension] = {e.name: e for e in extensions}
         self._extension_by_type: dict[type, StateExtension] = {
             t: e for e in extensions for t in e.record_types
         }
+        # Extensions that also see some stream records, right after they are applied (usage counters).
+        self._observers_by_type: dict[type, list[StreamObserver]] = {}
+        for e in extensions:
+            for t in getattr(e, "observed_types", ()):
+                self._observers_by_type.setdefault(t, []).append(cast(StreamObserver, e))
         self.streams: dict[int, Stream] = {}
         self.paths: dict[tuple[str, str], int] = {}
         self.buckets: dict[str, int] = {DEFAULT_BUCKET: 0}
@@ -142,6 +156,10 @@ class StreamState:
         handler = _APPLY.get(type(record))
         if handler is not None:
             handler(self, record, location)
+            observers = self._observers_by_type.get(type(record))
+            if observers is not None:
+                for observer in observers:
+                    observer.observe(record, self)
             return
         extension = self._extension_by_type.get(type(record))
         if extension is None:

@@ -1,0 +1,93 @@
+"""Admin API of access control (operator routes: the admin token is required).
+
+| request | does |
+| --- | --- |
+| ``POST /v1/admin/tokens`` ``{"bucket", "scope", "prefix"?, "name"?, "ttl_s"? or "expires_ms"?}`` | issue a token: 201 with ``token`` (shown this once) |
+| ``GET /v1/admin/tokens[?bucket=B]`` | list tokens (ids, scopes, expiry; never secrets) |
+| ``GET /v1/admin/tokens/{id}`` | one token |
+| ``DELETE /v1/admin/tokens/{id}`` | revoke: 204; its live reads end at once |
+| ``POST /v1/admin/tokens/{id}/rotate`` ``{"grace_s"?}`` | a new token like it (201); the old one stays valid ``grace_s`` (default 0) |
+| ``GET`` / ``PUT /v1/admin/access/{bucket}`` ``{"public_read": bool}`` | whether anyone may read the bucket's streams |
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tiered.errors import bad_request
+from tiered.http.router import Router
+from tiered.http.types import Middleware, Request, Response, json_response
+from tiered.ids import validate_bucket
+from tiered.parsing import UInt, decode_body
+
+from .service import AuthService
+
+
+class IssueBody(msgspec.Struct, forbid_unknown_fields=True):
+    bucket: str
+    scope: str
+    prefix: str | None = None
+    name: str | None = None
+    ttl_s: UInt | None = None
+    expires_ms: UInt | None = None
+
+
+class RotateBody(msgspec.Struct, forbid_unknown_fields=True):
+    grace_s: UInt = 0
+
+
+class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
+    public_read: bool
+
+
+class AuthRoutes:
+    def __init__(self, service: AuthService, guard: Middleware) -> None:
+        self.service = service
+        self.guard = guard
+
+    def install(self, router: Router) -> None:
+        g = self.guard
+        router.add("POST", "/v1/admin/tokens", g(self.issue))
+        router.add("GET", "/v1/admin/tokens", g(self.list))
+        router.add("GET", "/v1/admin/tokens/{id}", g(self.describe))
+        router.add("DELETE", "/v1/admin/tokens/{id}", g(self.revoke))
+        router.add("POST", "/v1/admin/tokens/{id}/rotate", g(self.rotate))
+        router.add("GET", "/v1/admin/access/{bucket}", g(self.get_access))
+        router.add("PUT", "/v1/admin/access/{bucket}", g(self.set_access))
+
+    async def issue(self, request: Request) -> Response:
+        b = decode_body(await request.body(), IssueBody)
+        if b.ttl_s is not None and b.expires_ms is not None:
+            raise bad_request("give ttl_s or expires_ms, not both")
+        expires_ms = b.expires_ms
+        if b.ttl_s is not None:
+            expires_ms = self.service.clock.now_ms() + b.ttl_s * 1000
+        view = await self.service.issue(validate_bucket(b.bucket), b.scope, b.prefix, b.name, expires_ms)
+        return json_response(view, 201, {"Cache-Control": "no-store"})
+
+    async def list(self, request: Request) -> Response:
+        bucket = request.query.get("bucket")
+        return json_response({"tokens": self.service.list_tokens(bucket)})
+
+    async def describe(self, request: Request) -> Response:
+        return json_response(self.service.describe_token(request.params["id"]))
+
+    async def revoke(self, request: Request) -> Response:
+        await self.service.revoke(request.params["id"])
+        return Response(204)
+
+    async def rotate(self, request: Request) -> Response:
+        raw = await request.body()
+        b = decode_body(raw, RotateBody) if raw.strip() else RotateBody()
+        view = await self.service.rotate(request.params["id"], b.grace_s * 1000)
+        return json_response(view, 201, {"Cache-Control": "no-store"})
+
+    async def get_access(self, request: Request) -> Response:
+        bucket = validate_bucket(request.params["bucket"])
+        return json_response({"bucket": bucket, "public_read": self.service.public_read(bucket)})
+
+    async def set_access(self, request: Request) -> Response:
+        bucket = validate_bucket(request.params["bucket"])
+        b = decode_body(await request.body(), AccessBody)
+        await self.service.set_public_read(bucket, b.public_read)
+        return json_response({"bucket": bucket, "public_read": b.public_read})
