@@ -21,8 +21,9 @@ import random
 import signal
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from . import s3_server
 from .cluster_support import readiness, start_node, unique_prefix
 from .http_helpers import create, read, request, unique
 from .server_process import ServerProcess
+from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,31 +139,47 @@ def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int
     return served
 
 
+@dataclass
+class Cluster:
+    nodes: dict[str, ServerProcess]
+    store: Store
+    prefix: str
+    proxy: TcpProxy  # between n3 and the store
+
+    def start(self, base: Path, name: str) -> ServerProcess:
+        store = replace(self.store, url=self.proxy.url) if name == "n3" else self.store
+        self.nodes[name] = start_node(
+            base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
+            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
+        )  # fmt: skip
+        return self.nodes[name]
+
+
 @pytest.fixture
-def cluster(store: Store, tmp_path: Path) -> Iterator[tuple[dict[str, ServerProcess], Store, str]]:
-    prefix = unique_prefix("chaos")
-    nodes: dict[str, ServerProcess] = {}
+def cluster(store: Store, tmp_path: Path) -> Iterator[Cluster]:
+    target = urllib.parse.urlsplit(store.url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80).start()
+    c = Cluster({}, store, unique_prefix("chaos"), proxy)
     try:
         for name in ("n1", "n2", "n3"):
-            nodes[name] = start_node(
-                tmp_path, store, prefix, name, env=store.env,  # type: ignore[arg-type]
-                shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
-            )  # fmt: skip
-        yield nodes, store, prefix
+            c.start(tmp_path, name)
+        yield c
     finally:
-        for srv in nodes.values():
+        proxy.set("forward")
+        for srv in c.nodes.values():
             if srv.proc is not None and srv.proc.poll() is None:
                 try:
                     os.killpg(srv.proc.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
             srv.stop()
+        proxy.stop()
 
 
-def test_no_acknowledged_append_is_lost_through_kills_pauses_and_restarts(
-    cluster: tuple[dict[str, ServerProcess], Store, str], tmp_path: Path
+def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_faults(
+    cluster: Cluster, tmp_path: Path
 ) -> None:
-    nodes, store, prefix = cluster
+    nodes = cluster.nodes
     assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
     streams = [unique("chaos") for _ in range(STREAMS)]
     for i, stream in enumerate(streams):
@@ -202,10 +220,7 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_and_restarts(
     checker.round(20, ["n2", "n3"])
 
     # Restart n1 under the same id and data dir; the cluster heals and rebalances.
-    nodes["n1"] = start_node(
-        tmp_path, store, prefix, "n1", env=store.env,  # type: ignore[arg-type]
-        shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
-    )  # fmt: skip
+    cluster.start(tmp_path, "n1")
     assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
     deadline = time.monotonic() + 10 * TTL
     while time.monotonic() < deadline and checker.round(3, ["n1", "n2", "n3"]) != [204] * 3:
@@ -213,5 +228,26 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_and_restarts(
     assert checker.round(30, ["n1", "n2", "n3"]) == [204] * 30
     assert readiness(nodes["n1"].url)["checks"]["incarnation"] == 2  # type: ignore[index]
 
+    # n3 cut off from the store (connections refused): it cannot beat nor commit, so it acknowledges
+    # nothing; its peers declare it dead and restore its shards. Healed, it rejoins.
+    cluster.proxy.set("refuse")
+    try:
+        checker.round(10, ["n3"])
+        time.sleep(3 * TTL)
+        checker.round(20, ["n1", "n2", "n3"])
+    finally:
+        cluster.proxy.set("forward")
+    # A slow store (every chunk to and from it delayed) for n3: slower, never wrong.
+    cluster.proxy.set("delay", 0.05)
+    try:
+        checker.round(20, ["n1", "n2", "n3"])
+    finally:
+        cluster.proxy.set("forward")
+    assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
+    deadline = time.monotonic() + 10 * TTL
+    while time.monotonic() < deadline and checker.round(3, ["n1", "n2", "n3"]) != [204] * 3:
+        time.sleep(0.2)
+    assert checker.round(20, ["n1", "n2", "n3"]) == [204] * 20
+
     checked = checker.verify()
-    assert checked >= 150, checked
+    assert checked >= 180, checked

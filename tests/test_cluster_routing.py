@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tiered.cluster.routing import SUBSCRIPTIONS_KEY, is_write, route_key
+from tiered.cluster.routing import SUBSCRIPTIONS_KEY, bucket_write, is_write, route_key
 from tiered.cluster.shards import shard_of
 
 
@@ -38,3 +38,11 @@ def test_spellings_of_one_stream_meet_in_one_shard() -> None:
 def test_only_reads_are_not_writes() -> None:
     assert not is_write("GET") and not is_write("HEAD") and not is_write("OPTIONS")
     assert is_write("POST") and is_write("PUT") and is_write("DELETE")
+
+
+def test_bucket_creates_and_erases_go_to_every_shard() -> None:
+    assert bucket_write("PUT", "/v1/buckets/logs") == "logs"
+    assert bucket_write("DELETE", "/v1/buckets/logs") == "logs"
+    assert bucket_write("GET", "/v1/buckets/logs") is None
+    assert bucket_write("PUT", "/v1/buckets/logs/stream/a") is None
+    assert bucket_write("PUT", "/v1/buckets/") is None

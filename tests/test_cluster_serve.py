@@ -128,3 +128,24 @@ def test_a_paused_owner_is_not_forwarded_to_and_acknowledges_nothing_after_its_w
     for via in (owner, other):
         status, _, body = read(f"{via.url}/v1/stream/{name}", "-1")
         assert status == 200 and body == b"before" + b"after", body
+
+
+def test_a_bucket_created_through_any_node_takes_streams_in_every_shard(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    owner, other = pair
+    bucket = f"b{unique('x')[-8:]}".replace("-", "")
+    status, _, body = request("PUT", f"{other.url}/v1/buckets/{bucket}")
+    assert status == 201, body
+    assert request("PUT", f"{owner.url}/v1/buckets/{bucket}")[0] == 200  # idempotent, every shard agrees
+    names = [unique("inb") for _ in range(8)]  # over all 4 shards
+    for i, name in enumerate(names):
+        via = (owner, other)[i % 2]
+        url = f"{via.url}/v1/buckets/{bucket}/stream/{name}"
+        assert create(url)[0] == 201, name
+        assert post(url, name.encode())[0] == 204
+    for name in names:
+        status, _, body = read(f"{other.url}/v1/buckets/{bucket}/stream/{name}", "-1")
+        assert status == 200 and body == name.encode()
+    status, _, body = request("GET", f"{owner.url}/v1/buckets/{bucket}")
+    assert status == 200 and bucket.encode() in body

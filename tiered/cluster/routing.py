@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 from tiered.ids import DEFAULT_BUCKET
 
-__all__ = ["SUBSCRIPTIONS_KEY", "is_write", "route_key"]
+__all__ = ["SUBSCRIPTIONS_KEY", "bucket_write", "is_write", "route_key"]
 
 _STREAM = "/v1/stream/"
 _BUCKETS = "/v1/buckets/"
@@ -74,3 +74,15 @@ def route_key(path: str) -> tuple[str, str] | None:
 def is_write(method: str) -> bool:
     """Whether a request may change state (everything but reads): acknowledged only under a valid lease."""
     return method not in _READ_METHODS
+
+
+def bucket_write(method: str, path: str) -> str | None:
+    """The bucket a create or erase (``PUT``/``DELETE /v1/buckets/{bucket}``) names; None for anything else.
+
+    These go to every shard: each shard's engine must know the bucket before
+    it accepts streams in it (and forget it when it is erased).
+    """
+    if method not in ("PUT", "DELETE") or not path.startswith(_BUCKETS):
+        return None
+    bucket = path[len(_BUCKETS) :]
+    return _decode(bucket) if bucket and "/" not in bucket else None

@@ -124,6 +124,14 @@ class ClusterServer:
             )
         return shard_of(bucket, name, node.spec.shard_count)
 
+    def shard_count(self) -> int:
+        node = self.node
+        if node is None or node.spec is None:
+            raise TieredError(
+                ErrorCode.UNAVAILABLE, "this node has not joined its cluster yet", retry_after_s=1
+            )
+        return node.spec.shard_count
+
     def local_engine(self, shard: int) -> Node | None:
         """The engine serving ``shard`` here, if this node may acknowledge in it now."""
         node = self.node

@@ -15,6 +15,12 @@ client asked for one with ``Tiered-Redirect: 307``. A request that was already
 forwarded once is never forwarded again: 503, retry.
 
 Requests without a shard key (health, readiness) are the node's own.
+
+A bucket create or erase goes to every shard (each engine must know the
+bucket before it accepts streams in it): the node the client reached sends
+one sub-request per shard, targeted with ``Tiered-Shard``, and answers with
+the bucket's well-known shard's answer once every shard said yes (the first
+refusal otherwise; creating is idempotent, so a retry completes it).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tiered.cluster.forward import FORWARDED_BY, REDIRECT_HEADER, Forwarder
-from tiered.cluster.routing import is_write, route_key
+from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.server import ClusterServer
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
@@ -30,7 +36,10 @@ from tiered.node import Node
 from .router import normalize_path
 from .types import Handler, Request, Response
 
-__all__ = ["shard_routing"]
+__all__ = ["TARGET_SHARD", "shard_routing"]
+
+#: On a bucket create or erase sent to one shard (the fan-out's sub-requests).
+TARGET_SHARD = "Tiered-Shard"
 
 
 def shard_routing(
@@ -49,10 +58,44 @@ def shard_routing(
         return known[1]
 
     async def route(request: Request) -> Response:
-        key = route_key(normalize_path(request.path))
+        path = normalize_path(request.path)
+        key = route_key(path)
         if key is None:
             return await node_routes(request)
-        shard = cluster.shard_of(*key)
+        bucket = bucket_write(request.method, path)
+        if bucket is not None:
+            target = request.headers.get(TARGET_SHARD)
+            if target is None:
+                return await fan_out(request, cluster.shard_of(bucket, ""))
+            if not target.isdigit() or int(target) >= cluster.shard_count():
+                raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
+            return await to_shard(request, int(target))
+        return await to_shard(request, cluster.shard_of(*key))
+
+    async def fan_out(request: Request, home: int) -> Response:
+        body = await request.body()
+        answers: dict[int, Response] = {}
+        for shard in range(cluster.shard_count()):
+            headers = {**dict(request.headers.items()), TARGET_SHARD: str(shard)}
+
+            async def read(body: bytes = body) -> bytes:
+                return body
+
+            sub = Request(
+                request.method,
+                request.path,
+                request.query_string,
+                headers,
+                read,
+                scheme=request.scheme,
+                host=request.host,
+            )
+            answers[shard] = answer = await to_shard(sub, shard)
+            if answer.status >= 300:
+                return answer
+        return answers[home]
+
+    async def to_shard(request: Request, shard: int) -> Response:
         engine = cluster.local_engine(shard)
         if engine is not None:
             response = await handler_of(shard, engine)(request)
@@ -77,7 +120,7 @@ def shard_routing(
                 owner=owner[0],
                 retry_after_s=1,
             )
-        if request.headers.get(REDIRECT_HEADER, "") == "307":
+        if request.headers.get(REDIRECT_HEADER, "") == "307" and request.headers.get(TARGET_SHARD) is None:
             return forwarder.redirect(request, owner[1])
         return await forwarder.forward(request, owner[1], shard)
 
