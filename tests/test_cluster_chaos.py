@@ -104,7 +104,11 @@ class Checker:
             acks = sorted(self.acked.get(stream, []))
             contents = []
             for srv in self.nodes.values():
+                deadline = time.monotonic() + 10 * TTL
                 status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
+                while status == 503 and time.monotonic() < deadline:  # its shard is being handed over
+                    time.sleep(0.2)
+                    status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
                 assert status == 200, (stream, status, body)
                 contents.append(body)
             assert all(c == contents[0] for c in contents), f"{stream}: the nodes disagree"
