@@ -149,3 +149,15 @@ def test_a_bucket_created_through_any_node_takes_streams_in_every_shard(
         assert status == 200 and body == name.encode()
     status, _, body = request("GET", f"{owner.url}/v1/buckets/{bucket}")
     assert status == 200 and bucket.encode() in body
+
+
+def test_forwarding_keeps_the_request_as_the_client_sent_it(
+    pair: tuple[ServerProcess, ServerProcess],
+) -> None:
+    owner, other = pair
+    name = unique("raw")
+    assert create(f"{other.url}/v1/stream/{name}")[0] == 201
+    # No Content-Type on an append: refused by the owner (a proxy must not add one).
+    status, _, body = request("POST", f"{other.url}/v1/stream/{name}", {}, b"data")
+    direct = request("POST", f"{owner.url}/v1/stream/{name}", {}, b"data")[0]
+    assert status == direct == 400, body

@@ -48,6 +48,7 @@ _HOP = frozenset(
     }
 )
 _CHUNK = 64 * 1024
+_AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 
 
 class Forwarder:
@@ -88,9 +89,17 @@ class Forwarder:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[FORWARDED_BY] = self.node_id
         body = await request.body()
+        # The client library adds headers the original request may not have had (a Content-Type for
+        # a body, above all): forward exactly what the client sent.
+        absent = [h for h in _AUTO if request.headers.get(h) is None]
         try:
             resp = await self._client().request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
+                request.method,
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                skip_auto_headers=absent,
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TieredError(
