@@ -81,13 +81,22 @@ def readiness(url: str) -> dict[str, object]:
 
 
 def cluster_module_server(
-    s3: S3Endpoint, tmp_path_factory: Any, name: str, *args: str, shards: int = 4
+    s3: S3Endpoint, tmp_path_factory: Any, name: str, *args: str, shards: int = 4, durability: str = "local"
 ) -> Iterator[ServerProcess]:
     """Body of a module-scoped fixture: a single-node cluster serving every shard (its own prefix)."""
     base = tmp_path_factory.mktemp(f"cluster-{name}")
     srv = ServerProcess(
         base / "n1",
-        *cluster_args(s3, unique_prefix(name), "n1", shards=shards, ttl_s=4.0, extra=args),
+        *cluster_args(
+            s3,
+            unique_prefix(name),
+            "n1",
+            shards=shards,
+            ttl_s=4.0,
+            durability=durability,
+            wal_interval_ms=5,
+            extra=args,
+        ),
         env=cluster_env(),
     ).start(timeout=40)
     try:
