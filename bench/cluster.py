@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import signal
@@ -216,6 +217,20 @@ def owner_of(nodes: list[NodeProc], stream: str) -> NodeProc | None:
         return next((n for n in nodes if location.startswith(n.url)), None)
 
 
+def create(url: str, timeout: float = 30) -> None:
+    """PUT a stream, retrying while its shard is still being placed (503)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        req = urllib.request.Request(url, method="PUT", headers={"Content-Type": "application/octet-stream"})
+        try:
+            urllib.request.urlopen(req, timeout=10).close()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> Result:
     prefix = f"bench-{mode}-{count}-{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="tiered-cluster-bench-") as tmp:
@@ -233,12 +248,7 @@ def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> 
             urls = [n.url for n in nodes]
             streams = [f"s{i}-{uuid.uuid4().hex[:6]}" for i in range(args.streams)]
             for s in streams:
-                req = urllib.request.Request(
-                    f"{urls[0]}/v1/stream/{s}",
-                    method="PUT",
-                    headers={"Content-Type": "application/octet-stream"},
-                )
-                urllib.request.urlopen(req, timeout=10).close()
+                create(f"{urls[0]}/v1/stream/{s}")
             cpu0 = sum(n.cpu_s() for n in nodes)
             latencies, errors = asyncio.run(load(urls, streams, args))
             cpu1 = sum(n.cpu_s() for n in nodes)
@@ -284,6 +294,7 @@ def main() -> int:
 
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     results: list[Result] = []
