@@ -1092,7 +1092,8 @@ class Run:
                     raise ServerError(f"stream never went cold: {m}")
                 objects = int(m.get("tiered_cold_objects", 0))
                 srv.stop()
-                srv.start()
+                srv.start()  # on a new port, with empty caches
+                url = f"{srv.base}/cold-0"
                 reads = [asyncio.run(read_stream(url, payload)) for _ in range(p.cold_reads)]
                 srv.stop()
             secs = statistics.median(r["seconds"] for r in reads)
