@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import urllib.error
@@ -719,7 +720,7 @@ def plot(curve: Curve, img_dir: Path) -> Path | None:
         ax.set_yscale("log")
     ax.set_xlabel(curve.x_label)
     ax.set_ylabel(curve.y_label)
-    ax.set_title(curve.title, fontsize=10)
+    ax.set_title(textwrap.fill(curve.title, 64), fontsize=10)  # long titles would be cut off
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -1179,6 +1180,17 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def replot(out_dir: Path, img_dir: Path) -> int:
+    """Redraw every PNG from its JSON (a figure's look can change without re-measuring)."""
+    docs = sorted(out_dir.glob("curve-*.json"))
+    for path in docs:
+        doc = json.loads(path.read_text())
+        doc.pop("meta", None)
+        doc["series"] = [Series(**s) for s in doc["series"]]
+        log(f"redrawing {plot(Curve(**doc), img_dir)}")
+    return 0 if docs else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny points: a smoke run")
@@ -1192,11 +1204,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append-s", type=float, default=None, help="seconds of each append phase")
     parser.add_argument("--budget-min", type=float, default=25.0, help="skip points starting after this")
     parser.add_argument("--keep", action="store_true", help="keep data dirs and server logs")
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw the PNGs from the JSON in --out-dir (no server)"
+    )
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = (
             str(Path(tempfile.mkdtemp(prefix="curves-quick-"))) if args.quick else "bench/results/curves"
         )
+    if args.replot:
+        return replot(Path(args.out_dir), Path(args.img_dir or args.out_dir))
     groups = [g.strip() for g in args.curves.split(",") if g.strip()]
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:

@@ -105,3 +105,27 @@ def test_every_curve_has_a_png(quick_run: tuple[Path, str]) -> None:
     out, _ = quick_run
     for name in CURVES:
         assert (out / f"curve-{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not _has_matplotlib(), reason="matplotlib (the bench extra) is not installed")
+def test_replot_redraws_every_png_from_the_json(quick_run: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = quick_run
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "curves.py"),
+            "--replot",
+            "--out-dir",
+            str(out),
+            "--img-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(f"curve-{n}.png" for n in CURVES)
+    for name in CURVES:
+        assert (tmp_path / f"curve-{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
