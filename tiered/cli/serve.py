@@ -11,6 +11,7 @@ from typing import Protocol
 
 from tiered.config import Config
 from tiered.datadir import DataDirLock, DataDirLocked
+from tiered.heap import freeze_recovered_state, tune_collector
 from tiered.http.app import build_handler
 from tiered.http.types import Handler
 from tiered.node import Node
@@ -29,8 +30,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    tune_collector()
     try:
         await node.start()
+        freeze_recovered_state()
         listener = make_listener(config, build_handler(node))
         scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
