@@ -43,7 +43,7 @@ def plan_flush(
     big: list[list[PieceToCopy]] = []
     small: list[PieceToCopy] = []
     budget = max_pass_bytes
-    for s in sorted(state.streams.values(), key=lambda st: st.uid):
+    for s in state.hot_resident():  # by uid; streams without hot chunks have nothing to copy
         if budget <= 0:
             break
         end = visible_tail(s)
@@ -112,7 +112,7 @@ def _piece(s: Stream, chunks: list[tuple[int, int, int, int, int]]) -> PieceToCo
 def plan_hot_trims(state: StreamState, now_ms: int, retention_ms: int) -> list[tuple[int, int]]:
     """(uid, offset) pairs: hot copies below offset are cold and past retention."""
     trims = []
-    for s in state.streams.values():
+    for s in state.hot_resident():
         c = s.chunks
         if not c.starts or c.starts[0] >= s.cold_end:
             continue

@@ -189,6 +189,9 @@ async def run_history(data_dir: Path, history: list[tuple[Any, ...]]) -> None:
                 pass  # refused (stream missing, no member...): nothing changed, the history goes on
         node = h.s
         live = fingerprint(node.state)
+        # The derived index the flusher, trimmer and reaper scan names exactly the streams with hot chunks.
+        with_chunks = sorted(uid for uid, st in node.state.streams.items() if len(st.chunks.starts))
+        assert [st.uid for st in node.state.hot_resident()] == with_chunks
         position = node.journal.log.end
         round_trip, _ = decode_snapshot(encode_snapshot(node.state, position), new_state)
         assert fingerprint(round_trip) == live, "the snapshot round trip lost something"

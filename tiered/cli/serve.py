@@ -11,6 +11,7 @@ from typing import Protocol
 
 from tiered.config import Config
 from tiered.datadir import DataDirLock, DataDirLocked
+from tiered.heap import freeze_recovered_state, tune_collector
 from tiered.http.app import build_cluster_handler, build_handler
 from tiered.http.types import Handler
 from tiered.node import Node
@@ -32,8 +33,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    tune_collector()
     try:
         await node.start()
+        freeze_recovered_state()
         listener = make_listener(config, build_handler(node))
         scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
@@ -70,6 +73,7 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
     lock.acquire()
     cluster = ClusterServer(config)
     listener: Listener | None = None
+    tune_collector()  # no freeze: shards' states come and go with their leases
     stop = asyncio.Event()  # handlers first, as in serve(): a SIGTERM during start-up shuts down cleanly
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -82,6 +82,7 @@ def apply_appended(state: StreamState, record: Appended, location: Location | No
             raise ValueError("an append with data needs its location")
         s.chunks.add(record.offset, len(record.data), location[0], location[1], record.ts_ms)
         s.tail = record.offset + len(record.data)
+        state.note_hot(s.uid)
         state.hot_bytes += len(record.data)
     if record.producer is not None:
         s.producers[record.producer] = ProducerState(record.epoch, record.seq)

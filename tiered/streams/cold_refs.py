@@ -82,6 +82,6 @@ def apply_delete_finished(state: StreamState, record: ColdDeleteFinished) -> Non
 def referenced_segments(state: StreamState) -> set[int]:
     """Hot segments some stream still reads from."""
     segs: set[int] = set()
-    for s in state.streams.values():
+    for s in state.hot_resident():
         segs.update(s.chunks.segs)
     return segs

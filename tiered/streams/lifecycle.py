@@ -166,6 +166,7 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
             raise ValueError("a create with data needs its location")
         s.chunks.add(record.fork_offset, len(record.data), location[0], location[1], record.ts_ms)
         s.tail += len(record.data)
+        state.note_hot(s.uid)
         state.hot_bytes += len(record.data)
     state.streams[s.uid] = s
     state.paths[(s.bucket, s.path)] = s.uid

@@ -60,7 +60,7 @@ class StreamState:
     """All streams and buckets, and the rules that change them."""
 
     # Not journal state: wiring (which extension applies, or observes, which record type).
-    SOFT_STATE: ClassVar[tuple[str, ...]] = ("_extension_by_type", "_observers_by_type")
+    SOFT_STATE: ClassVar[tuple[str, ...]] = ("_extension_by_type", "_observers_by_type", "_hot_index")
 
     def __init__(self, extensions: Sequence[StateExtension] = ()) -> None:
         self.extensions: dict[str, StateExtension] = {e.name: e for e in extensions}
@@ -82,6 +82,9 @@ class StreamState:
         self.children: dict[int, set[int]] = {}  # uid -> uids of live forks of it
         self.erased_buckets: dict[str, int] = {}  # fenced forever: name -> erased at
         self.bucket_retention: dict[str, tuple[int | None, int | None]] = {}  # name -> (ms, bytes)
+        # Derived, not journal state: uids that may hold hot chunks (built on first use, so a
+        # state decoded from a snapshot builds it once); see hot_resident().
+        self._hot_index: set[int] | None = None
 
     # ------------------------------------------------------------- lookups
 
@@ -145,6 +148,32 @@ class StreamState:
 
     def plan_read(self, s: Stream, start: int, end: int) -> list[ReadSlice]:
         return reads.plan_read(self, s, start, end)
+
+    def note_hot(self, uid: int) -> None:
+        """A stream gained hot chunks (called by the apply rules that add them)."""
+        if self._hot_index is not None:
+            self._hot_index.add(uid)
+
+    def hot_resident(self) -> list[Stream]:
+        """Streams that hold hot chunks, by uid: all that flushing, trimming and the segment reaper need.
+
+        Each of those passes runs every second on the event loop; scanning every stream made append
+        p99 grow with the number of idle streams (1.7 s at a million, docs/cost-curves.md). Streams
+        whose chunks are gone drop out here, lazily.
+        """
+        index = self._hot_index
+        if index is None:
+            index = self._hot_index = {uid for uid, s in self.streams.items() if len(s.chunks.starts)}
+        out: list[Stream] = []
+        gone: list[int] = []
+        for uid in sorted(index):
+            s = self.streams.get(uid)
+            if s is None or not len(s.chunks.starts):
+                gone.append(uid)
+            else:
+                out.append(s)
+        index.difference_update(gone)
+        return out
 
     def referenced_segments(self) -> set[int]:
         return cold_refs.referenced_segments(self)
