@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from compare import free_port, stop_process_group  # noqa: E402
+from compare import BENCH_ADMIN_TOKEN, free_port, issue_bench_token, stop_process_group  # noqa: E402
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("http server", ("aiohttp/", "granian/", "rsgi_server.py", "aiohttp_server.py", "multidict", "yarl/")),
@@ -85,7 +86,7 @@ def summarize(raw: Path) -> dict[str, float]:
     }
 
 
-def wrk(port: int, seconds: int) -> str:
+def wrk(port: int, seconds: int, authorization: str = "") -> str:
     script = HERE / "wrk" / "append.lua"
     argv = ["wrk", "-t1", "-c64", f"-d{seconds}s", "--latency", "-s", str(script)]
     argv += [
@@ -96,7 +97,10 @@ def wrk(port: int, seconds: int) -> str:
         "prefix=prof-",
         "threads=1",
     ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    env = {**os.environ, "BENCH_AUTHORIZATION": authorization}
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=seconds + 30, check=True, env=env
+    ).stdout
 
 
 def main() -> int:
@@ -104,6 +108,7 @@ def main() -> int:
     ap.add_argument("--cmd", default=f"{sys.executable} -m tiered.cli serve", help="server command")
     ap.add_argument("--label", default="tiered")
     ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--auth", action="store_true", help="serve with --auth tokens; wrk sends a write token")
     ap.add_argument("--keep-raw", type=Path, help="copy the py-spy raw file here")
     args = ap.parse_args()
     for tool in ("wrk", "py-spy"):
@@ -121,7 +126,11 @@ def main() -> int:
             f"{tmp}/data",
         ]
         log = open(f"{tmp}/server.log", "wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = dict(os.environ)
+        if args.auth:
+            argv += ["--auth", "tokens"]
+            env["TIERED_ADMIN_TOKEN"] = BENCH_ADMIN_TOKEN
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -132,14 +141,15 @@ def main() -> int:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise SystemExit(f"server did not start; log: {tmp}/server.log") from None
                     time.sleep(0.1)
+            base = f"http://127.0.0.1:{port}/v1/stream"
+            authorization = issue_bench_token(base, "/v1/stream") if args.auth else ""
             for i in range(100):
-                req = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/stream/prof-{i}",
-                    method="PUT",
-                    headers={"Content-Type": "application/octet-stream"},
-                )
+                headers = {"Content-Type": "application/octet-stream"}
+                if authorization:
+                    headers["Authorization"] = authorization
+                req = urllib.request.Request(f"{base}/prof-{i}", method="PUT", headers=headers)
                 urllib.request.urlopen(req, timeout=10).close()
-            wrk(port, 3)  # warm-up
+            wrk(port, 3, authorization)  # warm-up
             raw = Path(tmp) / "prof.raw"
             spy_argv = ["py-spy", "record", "--gil", "--nonblocking", "-r", "250", "-f", "raw"]
             spy = subprocess.Popen(
@@ -147,7 +157,7 @@ def main() -> int:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            out = wrk(port, args.seconds)
+            out = wrk(port, args.seconds, authorization)
             spy.wait(timeout=args.seconds + 30)
             shares = summarize(raw)
             if args.keep_raw:

@@ -190,6 +190,49 @@ def test_rotation_keeps_the_old_token_exactly_until_the_grace_ends() -> None:
         tokens.verify(new.token, state.tokens, clock.ms)
 
 
+def test_verified_tokens_are_remembered_only_while_the_stored_token_is_unchanged() -> None:
+    """AuthService skips re-hashing a token it verified, but never past an expiry, revocation or rotation."""
+    from tiered.auth.live import LiveLeases
+    from tiered.auth.service import AuthService
+    from tiered.streams.state import StreamState
+
+    clock, state = VirtualClock(), AuthState()
+    service = AuthService(
+        StreamState(),
+        state,
+        None,
+        clock,
+        LiveLeases(clock, lambda _: None),
+        mode="tokens",
+        admin_token=None,  # type: ignore[arg-type]
+    )
+    token, rec = issue(state, clock, expires_ms=clock.ms + 1_000)
+    assert service.authenticate(f"Bearer {token}") is state.tokens[rec.id].principal
+    assert service.authenticate(f"Bearer {token}") is state.tokens[rec.id].principal  # remembered
+    forged = token[:-1] + ("A" if token[-1] != "A" else "B")
+    with pytest.raises(TieredError, match="not valid"):
+        service.authenticate(f"Bearer {forged}")  # same id, other secret: not a hit
+    clock.advance(1_000)
+    with pytest.raises(TieredError, match="expired"):
+        service.authenticate(f"Bearer {token}")
+    other, rec2 = issue(state, clock)
+    service.authenticate(f"Bearer {other}")
+    state.apply(state.decide_revoke(rec2.id, clock.ms))
+    with pytest.raises(TieredError, match="not valid"):
+        service.authenticate(f"Bearer {other}")
+    third, rec3 = issue(state, clock)
+    service.authenticate(f"Bearer {third}")
+    new = tokens.mint()
+    state.apply(
+        state.decide_rotate(
+            rec3.id, token_id=new.id, secret_sha256=new.secret_sha256, grace_ms=0, now_ms=clock.ms
+        )
+    )
+    with pytest.raises(TieredError, match="not valid"):
+        service.authenticate(f"Bearer {third}")
+    assert service.authenticate(f"Bearer {new.token}").id == new.id
+
+
 @pytest.mark.parametrize(
     ("kw", "code"),
     [

@@ -21,9 +21,10 @@ from . import tokens
 from .credentials import OPERATOR, Principal, invalid_credential
 from .jwt import JwtVerifier
 from .live import CredentialStatus, Lease, LiveLeases
-from .state import AuthState
+from .state import AuthState, Token
 
 MODES = ("none", "tokens", "jwt")
+VERIFIED_CACHE_SIZE = 4096  # distinct tokens remembered as verified (cleared when full)
 
 
 class AuthService:
@@ -47,6 +48,11 @@ class AuthService:
         self.mode = mode
         self._admin = admin_token.encode() if admin_token is not None else None
         self.jwt = jwt
+        # Presented token text -> the stored token it was verified against. A hit is good while the
+        # table still holds that very Token object (a revoke removes it, a rotation or a snapshot load
+        # replaces it), so revocation takes effect on the next request; expiry is checked every time.
+        # Spares a SHA-256 and a parse per request. Memory only, bounded.
+        self._verified: dict[str, Token] = {}
 
     @property
     def enabled(self) -> bool:
@@ -63,7 +69,19 @@ class AuthService:
         if scheme.lower() != "bearer" or not presented:
             raise invalid_credential("credentials go in 'Authorization: Bearer <token>'")
         if tokens.looks_like_token(presented):
-            return tokens.verify(presented, self.state.tokens, self.clock.now_ms())
+            table = self.state.tokens
+            now_ms = self.clock.now_ms()
+            stored = self._verified.get(presented)
+            if stored is not None and table.get(stored.principal.id) is stored:
+                principal: Principal = stored.principal
+                if principal.expires_ms is not None and now_ms >= principal.expires_ms:
+                    raise invalid_credential("the credential has expired")
+                return principal
+            principal = tokens.verify(presented, table, now_ms)
+            if len(self._verified) >= VERIFIED_CACHE_SIZE:
+                self._verified.clear()
+            self._verified[presented] = table[principal.id]
+            return principal
         if self._admin is not None and hmac.compare_digest(
             presented.encode("utf-8", "surrogateescape"), self._admin
         ):
