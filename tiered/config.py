@@ -28,6 +28,7 @@ OFFLINE_GC = ("serve", "gc")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 CHECKSUM_MODES = ("auto", "when_supported", "when_required")
 CONDITIONAL_WRITES = ("probe", "off")
+DURABILITY_MODES = ("local", "object-store")
 
 
 def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
@@ -199,6 +200,33 @@ class Config:
     public_url: str = setting(
         "", "base URL clients reach this server at, for callback and JWKS URLs (empty: from the request)"
     )
+    # Cluster mode (docs/cluster.md): several nodes on one object-store prefix, shards held by leases.
+    cluster_node_id: str = setting(
+        "",
+        "this node's id in a cluster (empty: a single server). Every node of a cluster shares cold_store = 's3' "
+        "with the same bucket and prefix; restart a node under the same id with the same data dir",
+    )
+    cluster_advertise_url: str = setting(
+        "", "base URL other nodes forward requests to (empty: http://HOST:PORT of this listener)"
+    )
+    cluster_shards: int = setting(
+        64, "number of shards, fixed when the cluster is created (later nodes must give the same number)"
+    )
+    cluster_lease_ttl_s: float = setting(
+        10.0,
+        "how long a node's heartbeat keeps its shard leases valid; a silent node is declared dead after it",
+    )
+    cluster_lease_margin_s: float = setting(
+        0.0, "safety margin on each side of the lease TTL (0: a fifth of the TTL)"
+    )
+    durability: str = setting(
+        "local",
+        "'local': acknowledge after fsync on this node's disk; 'object-store' (cluster mode): acknowledge only "
+        "after the shard's write-ahead log object is in the object store, so losing a node loses nothing",
+    )
+    cluster_wal_interval_ms: int = setting(
+        200, "object-store durability: how long appends of one shard are gathered into one WAL object"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -259,6 +287,24 @@ class Config:
             raise ConfigError("cold_read_timeout_s and store_probe_interval_s must be positive")
         if self.hot_retention_s < 0 or self.read_cache_bytes < 0:
             raise ConfigError("hot_retention_s and read_cache_bytes must not be negative")
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigError(f"durability must be one of {', '.join(DURABILITY_MODES)}")
+        if self.cluster_node_id:
+            if self.cold_store != "s3":
+                raise ConfigError(
+                    "cluster mode (cluster_node_id) needs cold_store = 's3': nodes share the bucket"
+                )
+            if not 1 <= self.cluster_shards <= 4096:
+                raise ConfigError("cluster_shards must be between 1 and 4096")
+            margin = self.lease_margin_s
+            if not (self.cluster_lease_ttl_s > 0 and 0 < margin < self.cluster_lease_ttl_s / 2):
+                raise ConfigError(
+                    "cluster_lease_ttl_s must be positive, cluster_lease_margin_s below half of it"
+                )
+            if self.cluster_wal_interval_ms <= 0:
+                raise ConfigError("cluster_wal_interval_ms must be positive")
+        elif self.durability != "local":
+            raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):
             raise ConfigError("auth must be 'tokens', 'jwt' or 'none'")
         if self.auth == "jwt":
@@ -287,6 +333,11 @@ class Config:
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
+
+    @property
+    def lease_margin_s(self) -> float:
+        """The lease margin in effect (``cluster_lease_margin_s``, or a fifth of the TTL)."""
+        return self.cluster_lease_margin_s or self.cluster_lease_ttl_s / 5
 
     @property
     def s3_addressing(self) -> str:

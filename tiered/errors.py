@@ -61,6 +61,9 @@ class ErrorCode(StrEnum):
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     COLD_NOT_READY = "COLD_NOT_READY"
     UNAVAILABLE = "UNAVAILABLE"  # the subscription and group APIs' name for it
+    # Scale-out (context: shard, retry_after_s; the owner's URL when known).
+    SHARD_NOT_OWNED = "SHARD_NOT_OWNED"  # this node holds no valid lease on the shard (yet)
+    SHARD_FENCED = "SHARD_FENCED"  # a higher epoch took the shard over; this node stopped serving it
     # Stored bytes that fail their checksum: 502, never retried blindly.
     DATA_DAMAGED = "DATA_DAMAGED"
     # Credentials.

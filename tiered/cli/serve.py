@@ -12,7 +12,7 @@ from typing import Protocol
 from tiered.config import Config
 from tiered.datadir import DataDirLock, DataDirLocked
 from tiered.heap import freeze_recovered_state, tune_collector
-from tiered.http.app import build_handler
+from tiered.http.app import build_cluster_handler, build_handler
 from tiered.http.types import Handler
 from tiered.node import Node
 
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM; then release live readers, drain, snapshot and exit cleanly."""
+    if config.cluster_node_id:
+        await serve_cluster(config, ready)
+        return
     lock = DataDirLock(config.data_path)
     lock.acquire()
     node = Node(config)
@@ -54,6 +57,54 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await listener.stop()
     finally:
         await node.stop()
+        lock.release()
+
+
+async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> None:
+    """Cluster mode: listen first (the advertised URL needs the port), then join and take shards.
+
+    On SIGINT/SIGTERM the node stops acknowledging, hands each shard off
+    (flushed), marks itself stopped so peers take over at once, and exits.
+    """
+    from tiered.cluster.server import ClusterServer
+
+    config.data_path.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock(config.data_path)
+    lock.acquire()
+    cluster = ClusterServer(config)
+    listener: Listener | None = None
+    tune_collector()  # no freeze: shards' states come and go with their leases
+    stop = asyncio.Event()  # handlers first, as in serve(): a SIGTERM during start-up shuts down cleanly
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        listener = make_listener(config, build_cluster_handler(cluster))
+        scheme = "https" if config.tls_cert else "http"
+        bound = await listener.start(config.host, config.port)
+        host, port = bound[0]
+        await cluster.start(f"{scheme}://{host}:{port}")
+        # Bounded: a node that cannot take shards yet (peers still hold them) serves by forwarding.
+        await cluster.wait_serving(timeout_s=3 * config.cluster_lease_ttl_s)
+        for host, port in bound:
+            log.info(
+                "tiered listening on %s://%s:%s (%s; cluster node %s, durability %s; data dir %s)",
+                scheme,
+                host,
+                port,
+                config.http_server,
+                config.cluster_node_id,
+                config.durability,
+                config.data_path.resolve(),
+            )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down: handing shards off")
+    finally:
+        await cluster.stop()
+        if listener is not None:
+            await listener.stop()
         lock.release()
 
 

@@ -7,6 +7,11 @@ response; it also hands each answer to the request metrics), security headers
 (on every response), CORS preflight (open, no credentials), error mapping,
 auth (who may do what: ``tiered.http.auth``), usage (each admitted request
 counted in its bucket, live readers held to their quota).
+
+In cluster mode (``build_cluster_handler``) shard routing
+(``shard_routing.py``) comes after error mapping: each request goes to its
+shard's engine, here (through that engine's auth and usage middleware and
+router) or forwarded to the shard's owner.
 """
 
 from __future__ import annotations
@@ -29,14 +34,42 @@ from .errors import map_errors
 from .request_id import request_ids
 from .router import Router
 from .security_headers import security_headers
-from .types import Handler
+from .shard_routing import shard_routing
+from .types import Handler, Request, Response, json_response
 from .usage import usage_middleware
 
 if TYPE_CHECKING:
+    from tiered.cluster.server import ClusterServer
     from tiered.node import Node
 
 
 def build_handler(node: Node) -> Handler:
+    chain = security_headers(cors_preflight(map_errors(_engine_chain(node))))
+    return request_ids(chain, on_answer=node.metrics.count_answer)
+
+
+def build_cluster_handler(cluster: ClusterServer) -> Handler:
+    """Cluster mode: the same middleware around shard routing; one router per served shard's engine."""
+    node_router = Router()
+
+    async def health(request: Request) -> Response:
+        # 503 until the node joined and took its first shards, so start-up scripts wait for that.
+        return json_response(
+            {"ok": cluster.started, "node": cluster.node_id}, 200 if cluster.started else 503
+        )
+
+    async def ready(request: Request) -> Response:
+        ok, checks = cluster.readiness()
+        return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
+
+    node_router.add("GET", "/healthz", health)
+    node_router.add("GET", "/readyz", ready)
+    routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
+    return request_ids(security_headers(cors_preflight(map_errors(routed))))
+
+
+def build_router(node: Node) -> Router:
+    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
     c = node.config
     guard = AdminGuard(c.admin_token(), loopback_only=c.loopback_only)
     router = Router()
@@ -60,10 +93,20 @@ def build_handler(node: Node) -> Handler:
     ).install(router)
     AuthRoutes(node.auth, guard).install(router)
     TenantRoutes(node.tenants, guard).install(router)
+    return router
+
+
+def _engine_chain(node: Node) -> Handler:
+    """One engine's routes behind its auth and usage middleware."""
+    router = build_router(node)
     groups = node.groups.groups
     access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
     buckets = node.state.buckets
     counted = usage_middleware(node.tenants.counter, node.gate, buckets.__contains__)(router)
-    chain = security_headers(cors_preflight(map_errors(auth_middleware(node.auth, access)(counted))))
     node.metrics.label_unrouted = router.label  # auth refusals never reach the router
-    return request_ids(chain, on_answer=node.metrics.count_answer)
+    return auth_middleware(node.auth, access)(counted)
+
+
+def build_engine_handler(node: Node) -> Handler:
+    """Cluster mode: one shard's engine (errors mapped here too, so its metrics see the real status)."""
+    return map_errors(_engine_chain(node))

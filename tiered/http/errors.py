@@ -76,6 +76,8 @@ STATUS: dict[ErrorCode, int] = {
     C.STORE_UNAVAILABLE: 503,
     C.COLD_NOT_READY: 503,
     C.UNAVAILABLE: 503,
+    C.SHARD_NOT_OWNED: 503,  # cluster: no valid lease here (yet); the owner or a retry will answer
+    C.SHARD_FENCED: 503,  # cluster: a higher epoch took the shard over; retry reaches the new owner
     C.QUOTA_EXCEEDED: 507,
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
@@ -85,6 +87,8 @@ RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.STORE_UNAVAILABLE: 2,
     C.COLD_NOT_READY: 1,
     C.UNAVAILABLE: 5,
+    C.SHARD_NOT_OWNED: 1,
+    C.SHARD_FENCED: 1,
     C.RATE_LIMITED: 1,
 }
 _encode = msgspec.json.Encoder().encode

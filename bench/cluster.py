@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: 1, 2 and 3 ``tiered serve`` nodes side by side, in both durability modes.
+
+For each durability mode (``local``, ``object-store``) and node count (1, 2,
+3), in one run on this machine, the script
+
+1. starts a moto S3 server in this process (one bucket; a fresh prefix per
+   configuration) and the nodes (``--shards`` shards, lease TTL ``--ttl``),
+   waits until every shard is served;
+2. creates ``--streams`` streams and appends ``--body`` bytes from
+   ``--concurrency`` client tasks through random nodes for ``--seconds``;
+3. prints appends/s, append latency p50/p99 (client-measured, ms), and the CPU
+   time the node processes used per append (user + system, from /proc);
+4. with 2 or more nodes, SIGKILLs the owner of one stream and measures the
+   takeover time: from the kill to the first acknowledged append to that
+   stream through another node.
+
+All processes share the machine's cores with moto and the load generator, so
+throughput cannot scale with nodes here; the per-append CPU cost is the figure
+to extrapolate from. Heavy: take /tmp/tiered-bench.lock first (docs/benchmarks.md).
+
+    python bench/cluster.py --seconds 8 --json cluster.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+BUCKET = "tiered-bench"
+REGION = "us-east-1"
+ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields[0] is the state: pgrp is the 5th field overall
+            total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def get_json(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as exc:
+        return dict(json.loads(exc.read()))
+
+
+class NodeProc:
+    def __init__(self, base: Path, node: str, s3_url: str, prefix: str, args: argparse.Namespace, mode: str):
+        self.node = node
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(base / f"{node}.log", "ab")
+        cmd = [
+            sys.executable, "-m", "tiered.cli", "serve",
+            "--host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(base / node),
+            "--cold-store", "s3", "--s3-bucket", BUCKET, "--s3-prefix", prefix,
+            "--s3-endpoint", s3_url, "--s3-region", REGION, "--s3-addressing-style", "path",
+            "--cluster-node-id", node, "--cluster-shards", str(args.shards),
+            "--cluster-lease-ttl-s", str(args.ttl), "--durability", mode,
+            "--cluster-wal-interval-ms", str(args.wal_interval_ms), "--log-level", "warning",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True
+        )
+
+    def wait_up(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node {self.node} exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"node {self.node} did not come up")
+
+    def serving(self) -> set[int]:
+        try:
+            return set(get_json(self.url + "/readyz")["checks"]["serving"])
+        except OSError:
+            return set()
+
+    def cpu_s(self) -> float:
+        return group_cpu_s(self.proc.pid)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+@dataclass
+class Result:
+    mode: str
+    nodes: int
+    appends: int
+    errors: int
+    appends_per_s: float
+    p50_ms: float
+    p99_ms: float
+    node_cpu_ms_per_append: float
+    takeover_s: float | None
+
+
+async def load(urls: list[str], streams: list[str], args: argparse.Namespace) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    body = os.urandom(args.body)
+    deadline = time.monotonic() + args.seconds
+    rng = random.Random(7)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while time.monotonic() < deadline:
+            url = f"{rng.choice(urls)}/v1/stream/{rng.choice(streams)}"
+            t0 = time.perf_counter()
+            async with session.post(
+                url, data=body, headers={"Content-Type": "application/octet-stream"}
+            ) as r:
+                await r.read()
+                if r.status == 204:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
+    return latencies, errors
+
+
+def takeover(nodes: list[NodeProc], stream: str, shard_owner: NodeProc, timeout: float) -> float | None:
+    """SIGKILL ``shard_owner``; seconds until an append to ``stream`` is acknowledged through another node."""
+    other = next(n for n in nodes if n is not shard_owner)
+    url = f"{other.url}/v1/stream/{stream}"
+    killed = time.monotonic()
+    os.killpg(shard_owner.proc.pid, signal.SIGKILL)
+    while time.monotonic() - killed < timeout:
+        req = urllib.request.Request(
+            url, data=b"x", method="POST", headers={"Content-Type": "application/octet-stream"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                if resp.status == 204:
+                    return time.monotonic() - killed
+        except (urllib.error.HTTPError, OSError):
+            pass
+        time.sleep(0.02)
+    return None
+
+
+def owner_of(nodes: list[NodeProc], stream: str) -> NodeProc | None:
+    """The node that answers an append to ``stream`` locally (a 307 request names it)."""
+    req = urllib.request.Request(
+        f"{nodes[0].url}/v1/stream/{stream}?offset=-1", headers={"Tiered-Redirect": "307"}
+    )
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a: Any, **k: Any) -> None:
+            return None
+
+    try:
+        urllib.request.build_opener(NoRedirect).open(req, timeout=5)
+        return nodes[0]  # answered locally: the first node owns it
+    except urllib.error.HTTPError as exc:
+        location = exc.headers.get("Location", "")
+        return next((n for n in nodes if location.startswith(n.url)), None)
+
+
+def create(url: str, timeout: float = 30) -> None:
+    """PUT a stream, retrying while its shard is still being placed (503)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        req = urllib.request.Request(url, method="PUT", headers={"Content-Type": "application/octet-stream"})
+        try:
+            urllib.request.urlopen(req, timeout=10).close()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> Result:
+    prefix = f"bench-{mode}-{count}-{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory(prefix="tiered-cluster-bench-") as tmp:
+        nodes: list[NodeProc] = []
+        try:
+            for i in range(count):
+                node = NodeProc(Path(tmp), f"n{i + 1}", s3_url, prefix, args, mode)
+                node.wait_up(60)
+                nodes.append(node)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and set().union(*(n.serving() for n in nodes)) != set(
+                range(args.shards)
+            ):
+                time.sleep(0.2)
+            urls = [n.url for n in nodes]
+            streams = [f"s{i}-{uuid.uuid4().hex[:6]}" for i in range(args.streams)]
+            for s in streams:
+                create(f"{urls[0]}/v1/stream/{s}")
+            cpu0 = sum(n.cpu_s() for n in nodes)
+            latencies, errors = asyncio.run(load(urls, streams, args))
+            cpu1 = sum(n.cpu_s() for n in nodes)
+            took: float | None = None
+            if count >= 2 and mode == "object-store":
+                owner = owner_of(nodes, streams[0])
+                if owner is not None:
+                    took = takeover(nodes, streams[0], owner, 30)
+        finally:
+            for n in nodes:
+                n.stop()
+    ok = len(latencies)
+    lat = sorted(latencies)
+    return Result(
+        mode=mode,
+        nodes=count,
+        appends=ok,
+        errors=errors,
+        appends_per_s=ok / args.seconds,
+        p50_ms=1000 * statistics.median(lat) if lat else float("nan"),
+        p99_ms=1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
+        node_cpu_ms_per_append=1000 * (cpu1 - cpu0) / ok if ok else float("nan"),
+        takeover_s=took,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", default="1,2,3")
+    parser.add_argument("--modes", default="local,object-store")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--ttl", type=float, default=2.0)
+    parser.add_argument("--wal-interval-ms", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--body", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per S3 request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    results: list[Result] = []
+    try:
+        host, port = server.get_host_and_port()
+        s3_url = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=s3_url, region_name=REGION).create_bucket(Bucket=BUCKET)
+        for mode in args.modes.split(","):
+            for count in (int(n) for n in args.nodes.split(",")):
+                r = run_config(s3_url, mode, count, args)
+                results.append(r)
+                print(
+                    f"{r.mode:>12} {r.nodes} node(s): {r.appends_per_s:8.0f} appends/s  p50 {r.p50_ms:6.1f} ms  "
+                    f"p99 {r.p99_ms:6.1f} ms  node CPU {r.node_cpu_ms_per_append:5.2f} ms/append  "
+                    f"errors {r.errors}  takeover {'-' if r.takeover_s is None else f'{r.takeover_s:.2f} s'}",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""What ``tiered serve`` runs in cluster mode: the node's lease loop and one engine per served shard.
+
+Composition: the configured object store, seen through ``ObjectStoreCas``;
+a ``ClusterNode`` (heartbeats, leases, fences) whose hooks are a
+``ShardHost`` (one single-node engine per served shard, under
+``<data>/shards/<shard>/``); and, in object-store durability mode, a
+``WalShipper`` per shard (see ``wal.py``). The HTTP side
+(``tiered/http/shard_routing.py``) asks this object where a request's shard
+is served and whether this node may acknowledge in it now.
+
+Durability decides placement: with ``local`` a shard stays with its last
+writer (its acknowledged data is on that node's disk), so leases are not
+rebalanced; with ``object-store`` every acknowledged write is in the store, so
+placement follows rendezvous hashing over the live nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tiered.clock import Clock, SystemClock
+from tiered.cold.store import ObjectStore
+from tiered.config import Config
+from tiered.errors import ErrorCode, TieredError
+from tiered.node import Node, open_store
+
+from .cas import ObjectStoreCas
+from .forward import Forwarder
+from .lease import LeaseTiming
+from .node_shell import ClusterNode, NodeConfig
+from .shard_host import ShardHost
+from .shards import shard_of
+
+__all__ = ["ClusterServer"]
+
+log = logging.getLogger(__name__)
+
+
+class ClusterServer:
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.node_id = config.cluster_node_id
+        self.object_store = config.durability == "object-store"
+        self.host = ShardHost(config, self.node_id, self.clock, object_store=self.object_store)
+        self.store: ObjectStore | None = None
+        self.node: ClusterNode | None = None
+        self.advertise_url = ""
+        # A forwarded long-poll waits up to long_poll_timeout_s for its first byte.
+        self.forwarder = Forwarder(self.node_id, read_timeout_s=max(30.0, config.long_poll_timeout_s + 10))
+        self.started = False  # joined, and waited (bounded) for its first shards
+        self._stop = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self, advertise_url: str) -> None:
+        """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
+        c = self.config
+        self.advertise_url = c.cluster_advertise_url or advertise_url
+        self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
+        self.host.store = self.store
+        timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
+        self.node = ClusterNode(
+            ObjectStoreCas(self.store),
+            NodeConfig(
+                self.node_id,
+                self.advertise_url,
+                timing,
+                shard_count=c.cluster_shards,
+                rebalance=self.object_store,
+                serve_in_background=True,
+            ),
+            self.clock,
+            hooks=self.host,
+        )
+        self.host.cluster = self.node
+        self._loop = asyncio.get_running_loop().create_task(self.node.run(self._stop))
+
+    async def wait_serving(self, timeout_s: float) -> bool:
+        """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
+        deadline = self.clock.monotonic() + timeout_s
+        while self.clock.monotonic() < deadline:
+            if self._settled():
+                self.started = True
+                return True
+            await asyncio.sleep(0.05)
+        self.started = self.node is not None and self.node.me is not None
+        return False
+
+    def _settled(self) -> bool:
+        node = self.node
+        if node is None or node.me is None or node.spec is None:
+            return False
+        serving = node.serving()
+        if len(serving) != len(node.holds):
+            return False  # some of ours are still fencing or releasing
+        return all(
+            (owner := node.owner_of(s)) is not None and (owner[0] != self.node_id or s in serving)
+            for s in range(node.spec.shard_count)
+        )
+
+    async def stop(self) -> None:
+        """Hand every shard off (flushing each), mark the node stopped, close the engines and the store."""
+        self._stop.set()
+        if self._loop is not None:
+            try:
+                await self._loop
+            except Exception:
+                log.exception("the cluster loop failed while stopping")
+        await self.host.close()
+        await self.forwarder.close()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+    # -- what the HTTP side asks ---------------------------------------------------------
+
+    def shard_of(self, bucket: str, name: str) -> int:
+        node = self.node
+        if node is None or node.spec is None:
+            raise TieredError(
+                ErrorCode.UNAVAILABLE, "this node has not joined its cluster yet", retry_after_s=1
+            )
+        return shard_of(bucket, name, node.spec.shard_count)
+
+    def shard_count(self) -> int:
+        node = self.node
+        if node is None or node.spec is None:
+            raise TieredError(
+                ErrorCode.UNAVAILABLE, "this node has not joined its cluster yet", retry_after_s=1
+            )
+        return node.spec.shard_count
+
+    def local_engine(self, shard: int) -> Node | None:
+        """The engine serving ``shard`` here, if this node may acknowledge in it now."""
+        node = self.node
+        engine = self.host.engines.get(shard)
+        if node is None or engine is None:
+            return None
+        try:
+            node.may_acknowledge(shard)
+        except TieredError:
+            return None
+        return engine
+
+    def check_acknowledge(self, shard: int) -> None:
+        """Raise (``SHARD_NOT_OWNED``: 503) unless this node may acknowledge a write in ``shard`` now."""
+        if self.node is None:
+            raise TieredError(ErrorCode.SHARD_NOT_OWNED, "not joined", shard=shard, retry_after_s=1)
+        self.node.may_acknowledge(shard)
+
+    def owner_url(self, shard: int) -> tuple[str, str] | None:
+        """(node id, advertised URL) of the shard's lease holder, as last read; None if free or not alive.
+
+        A holder whose heartbeat stopped changing is not forwarded to: it may be
+        paused with its socket open, and a request to it would hang until it
+        resumes, when it must refuse anyway. The client retries after the takeover.
+        """
+        node = self.node
+        if node is None:
+            return None
+        owner = node.owner_of(shard)
+        if owner is None or owner[0] == self.node_id:
+            return owner
+        return owner if node.view.alive(owner[0], self.clock.monotonic()) else None
+
+    async def durable(self, shard: int) -> None:
+        """Object-store mode: wait until everything this shard acknowledged so far is in a WAL object."""
+        shipper = self.host.shippers.get(shard)
+        if shipper is None:
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1
+            )
+        await shipper.durable()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        node = self.node
+        joined = node is not None and node.me is not None
+        serving = node.serving() if node is not None else {}
+        checks: dict[str, Any] = {
+            "node": self.node_id,
+            "joined": joined,
+            "incarnation": node.incarnation if node is not None else 0,
+            "serving": sorted(serving),
+            "durability": self.config.durability,
+        }
+        return joined, checks
