@@ -76,6 +76,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="list what would be deleted and why; change nothing"
     )
     _add_config_flags(gc, "gc")
+    cluster = sub.add_parser("cluster", help="cluster operations", description="Cluster operations.")
+    ops = cluster.add_subparsers(dest="cluster_command", required=True)
+    take = ops.add_parser(
+        "take-over",
+        help="give a dead node's local-durability shard to another node, losing its data",
+        description="With local durability a shard's data is on its last writer's volume, so no other node "
+        "takes it. When that node is gone for good, this grants the shard to another node, which starts it "
+        "EMPTY. Prints exactly what is lost; changes nothing without --yes-lose-unflushed-data (or with "
+        "--dry-run). Exit code 0 done or nothing to do, 1 refused, 2 bad use.",
+    )
+    take.add_argument("--shard", type=int, required=True, help="the shard number")
+    take.add_argument(
+        "--to", default="", help="the node id that may take it (default: any node but the dead one)"
+    )
+    take.add_argument(
+        "--dead-data-dir",
+        default="",
+        help="the dead node's data dir, if still readable: its unflushed bytes are measured",
+    )
+    take.add_argument("--dry-run", action="store_true", help="print what would be lost; change nothing")
+    take.add_argument("--yes-lose-unflushed-data", action="store_true", help="accept the loss printed")
+    _add_config_flags(take, "serve")
     return parser
 
 
@@ -96,6 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         from .gc import run_gc_command
 
         return run_gc_command(config, args.url, args.dry_run)
+    if args.command == "cluster":
+        from .cluster import run_take_over
+
+        return run_take_over(
+            config,
+            args.shard,
+            args.to,
+            args.dead_data_dir,
+            dry_run=args.dry_run,
+            confirmed=args.yes_lose_unflushed_data,
+        )
     if args.command == "verify":
         from .verify import run_verify
 

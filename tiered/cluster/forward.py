@@ -8,10 +8,11 @@ owner the shard's lease advertises, and streams the owner's answer back
 view on both sides would otherwise bounce it), it answers 503 with a retry
 hint instead and the client's retry finds the converged owner.
 
-Only requests that cannot have reached the owner are retried here (the
-connection was refused); anything else that fails after sending is a 503 the
-client retries, which is safe for the requests the protocol makes idempotent
-(reads, producer appends) and reported as unknown for the rest.
+A failure says whether the request may have reached the owner
+(``ForwardFailed.sent``): a refused or timed-out connection means it did not.
+The caller (``tiered/http/shard_routing.py``) re-resolves the owner and retries
+what is safe to send twice (``idempotent``: reads, producer appends) and what
+was never sent; anything else is a 503 the client retries, the outcome unknown.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import aiohttp
 from tiered.errors import ErrorCode, TieredError
 from tiered.http.types import Request, Response
 
-__all__ = ["FORWARDED_BY", "REDIRECT_HEADER", "Forwarder"]
+__all__ = ["FORWARDED_BY", "REDIRECT_HEADER", "ForwardFailed", "Forwarder", "idempotent", "moved_away"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,31 @@ _HOP = frozenset(
 )
 _CHUNK = 64 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
+_PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
+# An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
+_MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
+
+
+class ForwardFailed(TieredError):
+    """The owner could not be asked, or its answer was lost; ``sent`` False: it cannot have seen the request."""
+
+    def __init__(self, shard: int, message: str, *, sent: bool) -> None:
+        super().__init__(ErrorCode.SHARD_NOT_OWNED, message, shard=shard, retry_after_s=1)
+        self.sent = sent
+
+
+def idempotent(request: Request) -> bool:
+    """Safe to send twice: a read, or an append a producer numbered (the owner deduplicates it)."""
+    if request.method in ("GET", "HEAD"):
+        return True
+    return request.method == "POST" and all(request.headers.get(h) for h in _PRODUCER)
+
+
+def moved_away(response: Response) -> bool:
+    """The owner answered that the shard is not (or no longer) its own: 503 SHARD_NOT_OWNED/SHARD_FENCED."""
+    if response.status != 503 or not isinstance(response.body, bytes):
+        return False
+    return any(code in response.body for code in _MOVED)
 
 
 class Forwarder:
@@ -101,12 +127,17 @@ class Forwarder:
                 allow_redirects=False,
                 skip_auto_headers=absent,
             )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise ForwardFailed(
+                shard,
+                f"shard {shard}: its owner at {base_url} could not be reached ({type(exc).__name__}); retry",
+                sent=False,
+            ) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TieredError(
-                ErrorCode.SHARD_NOT_OWNED,
+            raise ForwardFailed(
+                shard,
                 f"shard {shard}: its owner at {base_url} did not answer ({type(exc).__name__}); retry",
-                shard=shard,
-                retry_after_s=1,
+                sent=True,
             ) from exc
         self.forwarded += 1
         out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
@@ -119,11 +150,10 @@ class Forwarder:
         try:
             data = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TieredError(
-                ErrorCode.SHARD_NOT_OWNED,
+            raise ForwardFailed(
+                shard,
                 f"shard {shard}: the owner's answer was cut off ({type(exc).__name__}); the outcome is unknown",
-                shard=shard,
-                retry_after_s=1,
+                sent=True,
             ) from exc
         finally:
             resp.release()

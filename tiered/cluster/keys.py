@@ -48,3 +48,11 @@ def manifest_key(shard: int, seq: int) -> str:
 def seq_of_manifest_key(key: str) -> int | None:
     name = key.rsplit("/", 1)[-1].removesuffix(".json")
     return int(name) if len(name) == _SEQ_DIGITS and name.isdigit() and name.isascii() else None
+
+
+TAKEOVERS = ROOT + "takeovers/"
+
+
+def takeover_key(shard: int) -> str:
+    """An operator's grant to take ``shard`` over from its dead last writer (local durability)."""
+    return f"{TAKEOVERS}{shard:04d}.json"

@@ -38,8 +38,10 @@ from tiered.config import Config
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
 
+from . import keys
 from .manifest import ManifestEntry
 from .node_shell import ClusterNode
+from .takeover import decode_grant, grant_allows
 from .wal import WalShipper, restore
 from .wal_index import WalIndex
 
@@ -105,6 +107,13 @@ class ShardHost:
         if self.object_store:
             return  # everything acknowledged is in the store: any node can serve the shard
         if latest is not None and latest.writer != self.node_id:
+            if await self._granted(shard, latest):
+                log.warning(
+                    "shard %d: taken over from node %s by an operator's grant; the shard starts empty here",
+                    shard,
+                    latest.writer,
+                )
+                return
             raise TieredError(
                 ErrorCode.SHARD_NOT_OWNED,
                 f"shard {shard} was last written by node {latest.writer} (epoch {latest.epoch}); with local "
@@ -113,6 +122,20 @@ class ShardHost:
                 owner=latest.writer,
                 retry_after_s=5,
             )
+
+    async def _granted(self, shard: int, latest: ManifestEntry) -> bool:
+        """An operator granted this node the shard at exactly ``latest`` (``tiered cluster take-over``)."""
+        if self.cluster is None:
+            return False
+        found = await self.cluster.store.get(keys.takeover_key(shard))
+        if found is None:
+            return False
+        try:
+            grant = decode_grant(found.data)
+        except ValueError:
+            log.error("shard %d: an unreadable takeover grant is ignored", shard)
+            return False
+        return grant_allows(grant, latest, self.node_id)
 
     async def serve(self, shard: int, epoch: int) -> None:
         await self._wait_closed()  # a previous engine of this shard must have let go of its directory

@@ -14,6 +14,15 @@ proxied (the default: clients need not follow redirects), or a 307 when the
 client asked for one with ``Tiered-Redirect: 307``. A request that was already
 forwarded once is never forwarded again: 503, retry.
 
+When the owner changed under a forwarded request (the owner answered 503
+``SHARD_NOT_OWNED``/``SHARD_FENCED``, or could not be reached), the shard's
+owner is resolved again and the request retried there, here included, at most
+``FORWARD_TRIES`` times within one lease TTL + margin: but only a request safe
+to send twice (reads, producer appends: ``forward.idempotent``) or one that
+never left this node (the connection was refused). A plain write the old owner
+may have seen is never resent: its 503 (``Retry-After``) goes to the client,
+whose retry decides.
+
 Requests without a shard key (health, readiness) are the node's own.
 
 A bucket create or erase goes to every shard (each engine must know the
@@ -25,9 +34,17 @@ refusal otherwise; creating is idempotent, so a retry completes it).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
-from tiered.cluster.forward import FORWARDED_BY, REDIRECT_HEADER, Forwarder
+from tiered.cluster.forward import (
+    FORWARDED_BY,
+    REDIRECT_HEADER,
+    Forwarder,
+    ForwardFailed,
+    idempotent,
+    moved_away,
+)
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.server import ClusterServer
 from tiered.errors import ErrorCode, TieredError
@@ -36,7 +53,11 @@ from tiered.node import Node
 from .router import normalize_path
 from .types import Handler, Request, Response
 
-__all__ = ["TARGET_SHARD", "shard_routing"]
+__all__ = ["FORWARD_TRIES", "TARGET_SHARD", "shard_routing"]
+
+#: Sends of one forwarded request at most (the first one included), after ownership changes.
+FORWARD_TRIES = 3
+_RESOLVE_POLL_S = 0.05
 
 #: On a bucket create or erase sent to one shard (the fan-out's sub-requests).
 TARGET_SHARD = "Tiered-Shard"
@@ -96,14 +117,34 @@ def shard_routing(
         return answers[home]
 
     async def to_shard(request: Request, shard: int) -> Response:
-        engine = cluster.local_engine(shard)
-        if engine is not None:
-            response = await handler_of(shard, engine)(request)
-            if is_write(request.method) and response.status < 300:
-                if cluster.object_store:
-                    await cluster.durable(shard)
-                cluster.check_acknowledge(shard)  # still ours: only now is the write acknowledged
-            return response
+        clock = cluster.clock
+        config = cluster.config
+        deadline = clock.monotonic() + config.cluster_lease_ttl_s + config.lease_margin_s
+        retry_all = idempotent(request)
+        tries = 0
+        while True:
+            tries += 1
+            owner = await _owner_or_local(shard)
+            if owner is None:
+                return await serve_here(request, shard)
+            try:
+                response = await forward_once(request, shard, owner)
+            except ForwardFailed as failed:
+                if tries >= FORWARD_TRIES or clock.monotonic() >= deadline:
+                    raise
+                if failed.sent and not retry_all:
+                    raise
+            else:
+                if not (retry_all and moved_away(response)):
+                    return response
+                if tries >= FORWARD_TRIES or clock.monotonic() >= deadline:
+                    return response
+            await _resolved_again(shard, owner, deadline)
+
+    async def _owner_or_local(shard: int) -> tuple[str, str] | None:
+        """The owner to forward to; None when this node serves ``shard`` now."""
+        if cluster.local_engine(shard) is not None:
+            return None
         owner = cluster.owner_url(shard)
         if owner is None or owner[0] == cluster.node_id:
             raise TieredError(
@@ -112,6 +153,33 @@ def shard_routing(
                 shard=shard,
                 retry_after_s=1,
             )
+        return owner
+
+    async def _resolved_again(shard: int, failed: tuple[str, str], deadline: float) -> None:
+        """Wait (bounded by ``deadline``) until this node's view names another owner than ``failed``."""
+        clock = cluster.clock
+        while clock.monotonic() < deadline:
+            if cluster.local_engine(shard) is not None:
+                return
+            owner = cluster.owner_url(shard)
+            if owner is not None and owner != failed and owner[0] != cluster.node_id:
+                return
+            await asyncio.sleep(_RESOLVE_POLL_S)
+
+    async def serve_here(request: Request, shard: int) -> Response:
+        engine = cluster.local_engine(shard)
+        if engine is None:  # lost between the check and now
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1
+            )
+        response = await handler_of(shard, engine)(request)
+        if is_write(request.method) and response.status < 300:
+            if cluster.object_store:
+                await cluster.durable(shard)
+            cluster.check_acknowledge(shard)  # still ours: only now is the write acknowledged
+        return response
+
+    async def forward_once(request: Request, shard: int, owner: tuple[str, str]) -> Response:
         if request.headers.get(FORWARDED_BY):
             raise TieredError(
                 ErrorCode.SHARD_NOT_OWNED,
