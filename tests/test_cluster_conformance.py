@@ -10,9 +10,6 @@ docs/cluster.md). Everything else must pass.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,37 +17,13 @@ import pytest
 from .cluster_support import start_node, unique_prefix, wait_served
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
-from .test_conformance import EXPECTED_PASSED, _require_node, _suite_home
+from .test_conformance import EXPECTED_PASSED, _require_node, run_suite
 
 FORK_TESTS = 82  # tests of suite 0.3.6 whose name contains "Fork" (250 of its 332 remain)
 
 
 def run_suite_without_forks(url: str) -> tuple[int, int, str]:
-    home = _suite_home()
-    env = {**os.environ, "CONFORMANCE_TEST_URL": url, "LONG_POLL_MS": "20000", "NO_COLOR": "1"}
-    proc = subprocess.run(
-        [
-            "npx",
-            "vitest",
-            "run",
-            "suite.test.mjs",
-            "--no-coverage",
-            "--reporter=default",
-            "-t",
-            "^(?!.*Fork).*$",
-        ],
-        cwd=home,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
-    summary = re.search(r"Tests\s+(.*)\(\d+\)", out)
-    text = summary.group(1) if summary else ""
-    passed = int(m.group(1)) if (m := re.search(r"(\d+) passed", text)) else 0
-    failed = int(m.group(1)) if (m := re.search(r"(\d+) failed", text)) else 0
-    return passed, failed, out
+    return run_suite(url, vitest_args=("-t", "^(?!.*Fork).*$"))
 
 
 @pytest.mark.conformance

@@ -43,9 +43,14 @@ def _suite_home() -> Path:
 
 
 def run_suite(
-    url: str, *, long_poll_ms: int = 20000, env: dict[str, str] | None = None
+    url: str,
+    *,
+    long_poll_ms: int = 20000,
+    env: dict[str, str] | None = None,
+    vitest_args: tuple[str, ...] = (),
 ) -> tuple[int, int, str]:
-    """Run the suite (``env``: extra variables for the runner); returns (passed, failed, output)."""
+    """Run the suite (``env``: extra variables for the runner, ``vitest_args``: e.g. a ``-t`` filter);
+    returns (passed, failed, output)."""
     home = _suite_home()
     env = {
         **os.environ,
@@ -55,7 +60,7 @@ def run_suite(
         **(env or {}),
     }
     proc = subprocess.run(
-        ["npx", "vitest", "run", "suite.test.mjs", "--no-coverage", "--reporter=default"],
+        ["npx", "vitest", "run", "suite.test.mjs", "--no-coverage", "--reporter=default", *vitest_args],
         cwd=home,
         env=env,
         capture_output=True,

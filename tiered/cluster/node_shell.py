@@ -39,7 +39,7 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tiered.clock import Clock
 from tiered.errors import ErrorCode, TieredError
@@ -88,6 +88,8 @@ from .manifest import (
 )
 from .placement import assignment
 from .shards import ClusterSpec, decode_spec, encode_spec, resolve_spec
+
+_K = TypeVar("_K", str, int)  # a node id or a shard number
 
 __all__ = ["ClusterNode", "NodeConfig", "ShardHooks"]
 
@@ -364,17 +366,25 @@ class ClusterNode:
         log.info("cluster %s: %d shards", self.spec.cluster_id, self.spec.shard_count)
         return True
 
-    async def _refresh_nodes(self) -> bool:
+    async def _etags_under(self, prefix: str, name_of: Callable[[str], _K | None]) -> dict[_K, str] | None:
+        """Name -> ETag of the objects listed under ``prefix`` (keys ``name_of`` does not parse are skipped);
+        None when the store did not answer."""
         try:
-            listed = await self.store.list(keys.NODES)
+            listed = await self.store.list(prefix)
         except CasUnavailable:
+            return None
+        present: dict[_K, str] = {}
+        for item in listed:
+            name = name_of(item.key)
+            if name is not None:
+                present[name] = item.etag
+        return present
+
+    async def _refresh_nodes(self) -> bool:
+        present = await self._etags_under(keys.NODES, keys.node_of_key)
+        if present is None:
             return False
         at = self.clock.monotonic()
-        present: dict[str, str] = {}
-        for item in listed:
-            node = keys.node_of_key(item.key)
-            if node is not None:
-                present[node] = item.etag
         for node, etag in present.items():
             known = self.view.record(node)
             if known is not None and known.etag == etag:
@@ -394,16 +404,10 @@ class ClusterNode:
         return True
 
     async def _refresh_leases(self) -> bool:
-        try:
-            listed = await self.store.list(keys.LEASES)
-        except CasUnavailable:
+        present = await self._etags_under(keys.LEASES, keys.shard_of_lease_key)
+        if present is None:
             return False
         at = self.clock.monotonic()
-        present: dict[int, str] = {}
-        for item in listed:
-            shard = keys.shard_of_lease_key(item.key)
-            if shard is not None:
-                present[shard] = item.etag
         for shard, etag in present.items():
             known = self.leases.get(shard)
             if known is not None and known.etag == etag:
