@@ -47,6 +47,7 @@ from tiered.cluster.forward import (
 )
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.server import ClusterServer
+from tiered.cluster.xfork import CrossShardForks
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
 
@@ -71,11 +72,14 @@ def shard_routing(
 ) -> Handler:
     """``engine_handler(engine)`` is the router of one shard's engine (built once per engine)."""
     handlers: dict[int, tuple[Node, Handler]] = {}
+    admin_token = cluster.config.admin_token()
 
     def handler_of(shard: int, engine: Node) -> Handler:
         known = handlers.get(shard)
         if known is None or known[0] is not engine:
             known = handlers[shard] = (engine, engine_handler(engine))
+            # Forks of streams in other shards: pinned and copied through this routing (``xfork``).
+            engine.streams.remote_forks = CrossShardForks(shard, cluster.shard_count, to_shard, admin_token)
         return known[1]
 
     async def route(request: Request) -> Response:

@@ -140,7 +140,7 @@ class StreamRoutes:
             raise bad_request(f"invalid Content-Type {content_type!r}")
         ttl_s, expires_at, expires_at_ms = _expiry(h)
         closed = parse_closed(h.get("Stream-Closed"))
-        fork = await self._fork_request(h)
+        fork = await self._fork_request(h, bucket, path)
         body = await request.body()
         created, s = await self.service.create(
             bucket, path, CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork)
@@ -154,7 +154,7 @@ class StreamRoutes:
             headers["Location"] = (request.origin or "") + request.path
         return Response(201 if created else 200, headers)
 
-    async def _fork_request(self, h: Mapping[str, str]) -> ForkRequest | None:
+    async def _fork_request(self, h: Mapping[str, str], bucket: str, path: str) -> ForkRequest | None:
         source_url = h.get("Stream-Forked-From")
         offset_raw = h.get("Stream-Fork-Offset")
         sub_raw = h.get("Stream-Fork-Sub-Offset")
@@ -173,7 +173,9 @@ class StreamRoutes:
                 raise bad_request(f"malformed Stream-Fork-Offset {offset_raw!r}")
         sub = parse_uint(sub_raw, "Stream-Fork-Sub-Offset") if sub_raw is not None else 0
         spec = f"{src_bucket}/{src_path}@{offset_raw or ''}+{sub}"
-        return await self.service.fork_request(src_bucket, src_path, offset, sub, spec)
+        return await self.service.fork_request(
+            src_bucket, src_path, offset, sub, spec, target=(bucket, path), headers=h
+        )
 
     # ---------------------------------------------------------------- append
 

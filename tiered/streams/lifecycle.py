@@ -74,7 +74,7 @@ def decide_create(
         raise TieredError(ErrorCode.BAD_REQUEST, "Stream-Expires-At is in the past")
     records: list[StreamExpired | StreamCreated] = []
     source: Stream | None = None
-    if req.fork is not None:
+    if req.fork is not None and req.fork.source_uid is not None:
         # Checked first: an expired source is gone, even if it is the stream being replaced.
         source = fork_source(state, state.streams.get(req.fork.source_uid), now_ms)
     existing = state.find(bucket, path)
@@ -105,6 +105,16 @@ def decide_create(
         if ttl_s is None and expires_at_ms is None:
             ttl_s, expires_at, expires_at_ms = source.ttl_s, source.expires_at, source.expires_at_ms
         fork_source_uid, fork_offset, fork_spec = source.uid, req.fork.offset, req.fork.spec
+    data = req.data
+    if req.fork is not None and req.fork.source_uid is None:
+        copy = req.fork.copy
+        if copy is None:  # the live stream that held the path when the fork was resolved is gone
+            raise TieredError(ErrorCode.UNAVAILABLE, "the fork's path changed while it was created; retry")
+        content_type = content_type or copy.content_type
+        if ttl_s is None and expires_at_ms is None:
+            ttl_s, expires_at, expires_at_ms = copy.ttl_s, copy.expires_at, copy.expires_at_ms
+        # A copy: the inherited bytes are the fork's own data, at the offsets they had in the source.
+        fork_offset, fork_spec, data = copy.base_from, req.fork.spec, copy.base + req.data
     records.append(
         StreamCreated(
             uid=state.next_uid,
@@ -119,7 +129,7 @@ def decide_create(
             fork_source=fork_source_uid,
             fork_offset=fork_offset,
             fork_spec=fork_spec,
-            data=req.data,
+            data=data,
         )
     )
     return records, None
@@ -171,7 +181,10 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
     state.streams[s.uid] = s
     state.paths[(s.bucket, s.path)] = s.uid
     state.next_uid = max(state.next_uid, s.uid + 1)
-    if s.fork_source is not None:
+    if s.fork_source is None:
+        # A fork copied from another shard below its retained offset: nothing before its first byte.
+        s.retained_from = s.fork_offset
+    else:
         source = state.streams[s.fork_source]
         source.forks += 1
         state.children.setdefault(s.fork_source, set()).add(s.uid)

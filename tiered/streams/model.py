@@ -135,10 +135,30 @@ class Stream:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkCopy:
+    """A fork of a stream this engine does not hold (cluster mode: another shard's), as a copy.
+
+    ``base`` is the source's stored bytes ``[base_from, offset)``, fetched when the
+    fork is created; the fork stores them as its own data at the same offsets.
+    The expiry and content type are the ones the source's engine resolved (a
+    fork inherits its source's expiry when it names none). ``None`` in
+    ``ForkRequest.copy``: not fetched (a live stream already holds the path).
+    """
+
+    base: bytes
+    base_from: int
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ForkRequest:
-    source_uid: int
+    source_uid: int | None  # None: the source is elsewhere, ``copy`` holds what the fork inherits
     offset: int  # resolved absolute fork point
     spec: str  # canonical description of the fork headers
+    copy: ForkCopy | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ is durable. Reads stay within what is durable (``Visibility``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -35,6 +35,20 @@ class WriteGate(Protocol):
     def admit(
         self, bucket: str, *, body_bytes: int, stored_bytes: int, new_streams: int, rated: bool
     ) -> None: ...
+
+
+class RemoteForks(Protocol):
+    """Forks of streams another engine holds (cluster mode: ``tiered.cluster.xfork``)."""
+
+    async def resolve(
+        self, target: tuple[str, str], source: tuple[str, str], spec: str, headers: Mapping[str, str]
+    ) -> ForkRequest:
+        """Pin the source for the fork ``target`` where it lives and fetch what the fork inherits."""
+        ...
+
+    async def release(self, bucket: str, path: str, spec: str) -> None:
+        """Drop the pin the fork ``(bucket, path)`` (created as ``spec``) holds on its source (best effort)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,8 @@ class StreamService:
         self.kick_flush: Callable[[], None] | None = None  # set by the node when a flusher runs
         self.gate: WriteGate | None = None  # bucket quotas (``tiered.tenants.gate``), set by the node
         self.closing = False  # set at shutdown: live readers finish at once
+        # Forks of streams held elsewhere (cluster mode: ``tiered.cluster.xfork``), set by the cluster.
+        self.remote_forks: RemoteForks | None = None
 
     def begin_shutdown(self) -> None:
         """Release live readers so the HTTP server can drain quickly."""
@@ -131,10 +147,35 @@ class StreamService:
             raise TieredError(ErrorCode.HOT_TIER_FULL, "hot tier is full until data moves to the cold tier")
 
     async def fork_request(
-        self, bucket: str, path: str, offset: int | None, sub: int, spec: str
+        self,
+        bucket: str,
+        path: str,
+        offset: int | None,
+        sub: int,
+        spec: str,
+        *,
+        target: tuple[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> ForkRequest:
-        """Resolve fork headers to a source uid and an absolute fork point (reads for a JSON sub-offset)."""
-        source = lifecycle.fork_source(self.state, self.state.find(bucket, path), self.clock.now_ms())
+        """Resolve fork headers to a source uid and an absolute fork point (reads for a JSON sub-offset).
+
+        A source this engine does not hold may be another shard's (cluster mode):
+        ``remote_forks`` then resolves it there and fetches what the fork
+        ``target`` inherits (``headers``: the request's, for the source's engine).
+        """
+        found = self.state.find(bucket, path)
+        if found is None and self.remote_forks is not None and target is not None and headers is not None:
+            existing = self.state.find(*target)
+            if (
+                existing is not None
+                and not existing.soft_deleted
+                and not existing.expired(self.clock.now_ms())
+            ):
+                # The path is taken: the create only compares configurations, nothing to fetch.
+                return ForkRequest(source_uid=None, offset=0, spec=spec)
+            lifecycle.check_bucket(self.state, target[0])
+            return await self.remote_forks.resolve(target, (bucket, path), spec, headers)
+        source = lifecycle.fork_source(self.state, found, self.clock.now_ms())
         tail = self.view(source).tail
         if offset is None:
             offset = tail
@@ -171,11 +212,26 @@ class StreamService:
         body_bytes = len(req.data)
         content_type = req.content_type
         if content_type is None and req.fork is not None:
-            source = self.state.streams.get(req.fork.source_uid)
-            content_type = source.content_type if source is not None else None
+            if req.fork.copy is not None:
+                content_type = req.fork.copy.content_type
+            elif req.fork.source_uid is not None:
+                source = self.state.streams.get(req.fork.source_uid)
+                content_type = source.content_type if source is not None else None
+        try:
+            return await self._create(bucket, path, req, content_type, body_bytes)
+        except BaseException:
+            if req.fork is not None and req.fork.copy is not None and self.remote_forks is not None:
+                # The source's engine holds a reference for this fork: let it go (best effort).
+                await self.remote_forks.release(bucket, path, req.fork.spec)
+            raise
+
+    async def _create(
+        self, bucket: str, path: str, req: CreateRequest, content_type: str | None, body_bytes: int
+    ) -> tuple[bool, Stream]:
         if req.data and content_type is not None and is_json(content_type):
             req = replace(req, data=encode_json_messages(req.data, allow_empty_array=True))
-        self.check_hot_capacity(len(req.data))
+        base = req.fork.copy.base if req.fork is not None and req.fork.copy is not None else b""
+        self.check_hot_capacity(len(req.data) + len(base))
         await self.committer.admit()
         try:
             records, existing = self.state.decide_create(bucket, path, req, self.clock.now_ms())
@@ -249,7 +305,19 @@ class StreamService:
             record = self.state.decide_delete(bucket, path, self.clock.now_ms())
         except TieredError as exc:
             raise await self._refuse_when_durable(exc) from None
+        copied = self._copied_root(record.uid)
         await self.committer.durable(self.committer.commit_nowait([record]))
+        if copied is not None and copied.uid not in self.state.streams and self.remote_forks is not None:
+            # The last stream reading the copy went: the source's engine may let go of the source.
+            assert copied.fork_spec is not None
+            await self.remote_forks.release(copied.bucket, copied.path, copied.fork_spec)
+
+    def _copied_root(self, uid: int) -> Stream | None:
+        """The root of ``uid``'s fork ancestry if it is a fork copied from another shard."""
+        s = self.state.streams.get(uid)
+        while s is not None and s.fork_source is not None:
+            s = self.state.streams.get(s.fork_source)
+        return s if s is not None and s.fork_spec is not None else None
 
     def touch(self, s: Stream) -> None:
         record = self.state.touch(s, self.clock.now_ms())

@@ -1,0 +1,249 @@
+"""Forks whose source lives in another shard (cluster mode): a pin there, a copy here.
+
+A fork lives in the shard of its own ``(bucket, path)``; its source may be in
+a shard another node owns. The fork's engine (``StreamService.fork_request``,
+source not found locally) asks this object, which talks to the source's shard
+through the same routing a client's request takes (served here or forwarded
+to the owner):
+
+1. **Pin.** ``PUT`` a *pin* in the source's shard: an ordinary fork of the
+   source, created by the source's own engine with the client's fork headers
+   (``Stream-Forked-From``, ``Stream-Fork-Offset``, ``Stream-Fork-Sub-Offset``,
+   ``Content-Type``, ``Stream-TTL``/``Stream-Expires-At``). So every refusal is
+   the single-node one (404 no source, 409 deleted source or content-type
+   mismatch, 400 beyond the tail), the fork point and the inherited expiry are
+   resolved exactly as on one node, and the source now has a live fork: while
+   the pin lives, deleting the source soft-deletes it (410, its path blocked),
+   as with a local fork. The pin's name, ``__forks/<digest of the fork's
+   bucket and path>/<n>``, is chosen (``n``) to hash to the source's shard.
+2. **Copy.** Read the pin from its retained offset to its tail (the fork
+   point) and hand the bytes to the fork's engine, which stores them as the
+   fork's own data *at the same offsets* (``ForkCopy``), in the same journal
+   record that creates the fork: the fork is durable in its own shard once
+   acknowledged (in object-store durability, in a WAL object), and reads no
+   longer depend on the source's owner. JSON streams are read as arrays and
+   re-encoded message by message, which gives back the stored bytes exactly
+   (the length is checked against the offsets).
+3. **Release.** When the fork (or the last stream reading through it) is
+   deleted, or its creation fails after the pin, the pin is deleted: the
+   source's engine drops its fork count and, if the source was soft-deleted,
+   removes it (cascade), as on one node.
+
+Sub-requests carry the operator's admin token when one is configured (the
+fork's engine already checked that the caller may read the source), else the
+caller's own ``Authorization``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import msgspec
+
+from tiered.content import is_json
+from tiered.errors import ErrorCode, TieredError
+from tiered.http.types import Request, Response
+from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset
+from tiered.streams.model import ForkCopy, ForkRequest
+from tiered.streams.protocol import parse_expires_at
+
+from .shards import shard_of
+
+__all__ = ["PIN_PREFIX", "CrossShardForks", "pin_name"]
+
+log = logging.getLogger(__name__)
+
+PIN_PREFIX = "__forks/"
+#: Fork headers the pin is created with (everything else of the client's request stays here).
+_PASSED = (
+    "Stream-Forked-From",
+    "Stream-Fork-Offset",
+    "Stream-Fork-Sub-Offset",
+    "Content-Type",
+    "Stream-TTL",
+    "Stream-Expires-At",
+)
+_MAX_READS = 100_000  # chunks of one copy at most (a bound, far above any real stream)
+
+Send = Callable[[Request, int], Awaitable[Response]]
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def pin_name(
+    fork_bucket: str, fork_path: str, source_bucket: str, source_shard: int, shard_count: int
+) -> str:
+    """The pin's path in ``source_bucket``: named after the fork, and hashing to the source's shard."""
+    digest = hashlib.sha256(
+        len(fork_bucket).to_bytes(4, "big") + fork_bucket.encode() + fork_path.encode()
+    ).hexdigest()[:32]
+    for n in range(64 * shard_count):
+        name = f"{PIN_PREFIX}{digest}/{n}"
+        if shard_of(source_bucket, name, shard_count) == source_shard:
+            return name
+    raise TieredError(ErrorCode.INTERNAL_ERROR, "no pin name hashes to the source's shard")
+
+
+def _stream_url(bucket: str, path: str) -> str:
+    return f"/v1/stream/{path}" if bucket == DEFAULT_BUCKET else f"/v1/buckets/{bucket}/stream/{path}"
+
+
+def _source_of(spec: str) -> tuple[str, str]:
+    """The source ``(bucket, path)`` a fork spec (``bucket/path@offset+sub``) names."""
+    address = spec.rsplit("@", 1)[0]
+    bucket, _, path = address.partition("/")
+    return bucket, path
+
+
+def _refusal(response: Response) -> TieredError:
+    """The source engine's refusal, as the same error here (same status, same code)."""
+    code, message = ErrorCode.INTERNAL_ERROR, f"the fork source's shard answered {response.status}"
+    if isinstance(response.body, bytes):
+        try:
+            err = msgspec.json.decode(response.body)["error"]
+            code, message = ErrorCode(err["code"]), str(err.get("message", message))
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+            pass
+    if response.status == 503 and code is ErrorCode.INTERNAL_ERROR:
+        code = ErrorCode.SHARD_NOT_OWNED
+    return (
+        TieredError(code, message, retry_after_s=1) if response.status == 503 else TieredError(code, message)
+    )
+
+
+class CrossShardForks:
+    """The ``RemoteForks`` of one shard's engine: ``send(request, shard)`` is shard routing's."""
+
+    def __init__(
+        self,
+        shard: int,
+        shard_count: Callable[[], int],
+        send: Send,
+        admin_token: str | None,
+    ) -> None:
+        self.shard = shard
+        self.shard_count = shard_count
+        self.send = send
+        self.admin_token = admin_token
+
+    def _headers(self, client: Mapping[str, str] | None, extra: Mapping[str, str]) -> dict[str, str]:
+        headers = dict(extra)
+        if self.admin_token:
+            headers["Authorization"] = f"Bearer {self.admin_token}"
+        elif client is not None and (auth := client.get("Authorization")) is not None:
+            headers["Authorization"] = auth
+        return headers
+
+    async def _call(
+        self, method: str, bucket: str, path: str, shard: int, headers: dict[str, str], query: str = ""
+    ) -> Response:
+        async def empty() -> bytes:
+            return b""
+
+        request = Request(method, _stream_url(bucket, path), query, headers, empty)
+        return await self.send(request, shard)
+
+    def _pin(self, fork: tuple[str, str], source: tuple[str, str]) -> tuple[str, int]:
+        count = self.shard_count()
+        shard = shard_of(source[0], source[1], count)
+        return pin_name(fork[0], fork[1], source[0], shard, count), shard
+
+    async def resolve(
+        self, target: tuple[str, str], source: tuple[str, str], spec: str, headers: Mapping[str, str]
+    ) -> ForkRequest:
+        count = self.shard_count()
+        if shard_of(source[0], source[1], count) == self.shard:
+            raise TieredError(ErrorCode.FORK_SOURCE_NOT_FOUND, "fork source stream not found")
+        pin, shard = self._pin(target, source)
+        passed = {h: v for h in _PASSED if (v := headers.get(h)) is not None}
+        created = await self._call("PUT", source[0], pin, shard, self._headers(headers, passed))
+        if created.status >= 300:
+            raise _refusal(created)
+        try:
+            return await self._copy(target, source, spec, pin, shard, headers)
+        except BaseException:
+            await self.release(target[0], target[1], spec)
+            raise
+
+    async def _copy(
+        self,
+        target: tuple[str, str],
+        source: tuple[str, str],
+        spec: str,
+        pin: str,
+        shard: int,
+        headers: Mapping[str, str],
+    ) -> ForkRequest:
+        head = await self._call("HEAD", source[0], pin, shard, self._headers(headers, {}))
+        if head.status != 200:
+            raise _refusal(head)
+        h = {k.lower(): v for k, v in head.headers.items()}  # a forwarded answer's names are as sent
+        content_type = h.get("content-type", "application/octet-stream")
+        tail = parse_offset(h.get("stream-next-offset", ""))
+        start = parse_offset(h.get("stream-retained-offset", "")) or 0
+        if tail is None:
+            raise TieredError(ErrorCode.INTERNAL_ERROR, "the fork source's shard gave no tail")
+        ttl_raw, expires_at = h.get("stream-ttl"), h.get("stream-expires-at")
+        expires_at_ms = parse_expires_at(expires_at) if expires_at is not None else None
+        base = await self._read(source[0], pin, shard, start, tail, is_json(content_type), headers)
+        copy = ForkCopy(
+            base=base,
+            base_from=start,
+            content_type=content_type,
+            ttl_s=int(ttl_raw) if ttl_raw is not None else None,
+            expires_at=expires_at,
+            expires_at_ms=expires_at_ms,
+        )
+        return ForkRequest(source_uid=None, offset=tail, spec=spec, copy=copy)
+
+    async def _read(
+        self,
+        bucket: str,
+        pin: str,
+        shard: int,
+        start: int,
+        tail: int,
+        json: bool,
+        headers: Mapping[str, str],
+    ) -> bytes:
+        """The pin's stored bytes ``[start, tail)``, chunk by chunk."""
+        out = bytearray()
+        offset = start
+        for _ in range(_MAX_READS):
+            if offset >= tail:
+                break
+            query = f"offset={format_offset(offset)}"
+            got = await self._call("GET", bucket, pin, shard, self._headers(headers, {}), query)
+            if got.status != 200 or not isinstance(got.body, bytes):
+                raise _refusal(got)
+            answer = {k.lower(): v for k, v in got.headers.items()}
+            nxt = parse_offset(answer.get("stream-next-offset", ""))
+            if nxt is None or nxt <= offset or nxt > tail:
+                raise TieredError(ErrorCode.INTERNAL_ERROR, "the fork source's shard answered a bad read")
+            chunk = got.body
+            if json:
+                chunk = b"".join(_encoder.encode(m) + b"\n" for m in _decoder.decode(chunk))
+            if len(chunk) != nxt - offset:
+                raise TieredError(
+                    ErrorCode.INTERNAL_ERROR, "the fork source's bytes did not match its offsets"
+                )
+            out += chunk
+            offset = nxt
+        if offset != tail:
+            raise TieredError(ErrorCode.INTERNAL_ERROR, "the fork source could not be read to the fork point")
+        return bytes(out)
+
+    async def release(self, bucket: str, path: str, spec: str) -> None:
+        """Delete the pin the fork ``(bucket, path)`` holds; a failure is logged (the pin then stays)."""
+        source = _source_of(spec)
+        try:
+            pin, shard = self._pin((bucket, path), source)
+            gone = await self._call("DELETE", source[0], pin, shard, self._headers(None, {}))
+        except TieredError as exc:
+            log.warning("fork %s/%s: its pin on %s/%s stays (%s)", bucket, path, *source, exc.message)
+            return
+        if gone.status not in (204, 404, 410):
+            log.warning("fork %s/%s: deleting its pin answered %d", bucket, path, gone.status)
