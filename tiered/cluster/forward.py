@@ -114,6 +114,9 @@ class Forwarder:
         )
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[FORWARDED_BY] = self.node_id
+        if request.host:
+            # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
+            headers["Host"] = request.host
         body = await request.body()
         # The client library adds headers the original request may not have had (a Content-Type for
         # a body, above all): forward exactly what the client sent.

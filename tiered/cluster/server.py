@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tiered.clock import Clock, SystemClock
@@ -53,6 +54,9 @@ class ClusterServer:
         self.started = False  # joined, and waited (bounded) for its first shards
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        # Background jobs other parts of the node add before ``start`` (the subscription feeds), stopped with it.
+        self.side_jobs: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
+        self._side: list[asyncio.Task[None]] = []
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
@@ -76,6 +80,7 @@ class ClusterServer:
         )
         self.host.cluster = self.node
         self._loop = asyncio.get_running_loop().create_task(self.node.run(self._stop))
+        self._side = [asyncio.get_running_loop().create_task(job(self._stop)) for job in self.side_jobs]
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
@@ -108,6 +113,9 @@ class ClusterServer:
                 await self._loop
             except Exception:
                 log.exception("the cluster loop failed while stopping")
+        for result in await asyncio.gather(*self._side, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.error("a cluster side job failed: %r", result)
         await self.host.close()
         await self.forwarder.close()
         if self.store is not None:

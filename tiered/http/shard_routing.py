@@ -47,6 +47,7 @@ from tiered.cluster.forward import (
 )
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.server import ClusterServer
+from tiered.cluster.sub_feed import FEED_PATH, SubscriptionFeeds
 from tiered.cluster.xfork import CrossShardForks
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
@@ -73,6 +74,9 @@ def shard_routing(
     """``engine_handler(engine)`` is the router of one shard's engine (built once per engine)."""
     handlers: dict[int, tuple[Node, Handler]] = {}
     admin_token = cluster.config.admin_token()
+    # Streams of every shard feed the subscriptions' shard (``tiered.cluster.sub_feed``).
+    feeds = SubscriptionFeeds(cluster.shard_of, admin_token, cluster.config.auth not in ("", "none"))
+    cluster.side_jobs.append(lambda stop: feeds.run(cluster.host.engines.copy, stop))
 
     def handler_of(shard: int, engine: Node) -> Handler:
         known = handlers.get(shard)
@@ -176,11 +180,15 @@ def shard_routing(
             raise TieredError(
                 ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1
             )
+        feeds.ensure(shard, engine)
+        if request.path == FEED_PATH:
+            return await feeds.handle(shard, engine, request)
         response = await handler_of(shard, engine)(request)
         if is_write(request.method) and response.status < 300:
             if cluster.object_store:
                 await cluster.durable(shard)
             cluster.check_acknowledge(shard)  # still ours: only now is the write acknowledged
+            await feeds.after_write(shard, normalize_path(request.path))
         return response
 
     async def forward_once(request: Request, shard: int, owner: tuple[str, str]) -> Response:
@@ -196,4 +204,5 @@ def shard_routing(
             return forwarder.redirect(request, owner[1])
         return await forwarder.forward(request, owner[1], shard)
 
+    feeds.send = to_shard
     return route

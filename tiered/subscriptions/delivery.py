@@ -29,7 +29,7 @@ import base64
 import heapq
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import quote
 
@@ -98,6 +98,8 @@ class SubscriptionDelivery:
         self._deadlines: list[tuple[int, str]] = []  # heap of (ms, subscription) to look at again
         self._wakeup = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
+        # Cluster mode: append a wake event (one JSON message) to another shard's stream; False: retry later.
+        self.remote_append: Callable[[str, bytes], Awaitable[bool]] | None = None
 
     @property
     def subs(self) -> SubscriptionState:
@@ -302,6 +304,13 @@ class SubscriptionDelivery:
             "ts": self.clock.now_ms(),
         }
         target = self.service.state.find(DEFAULT_BUCKET, sub.wake_stream)
+        if target is None and self.remote_append is not None:
+            # Cluster mode: the wake stream is another shard's; append through routing, as a client would.
+            if not await self.remote_append(sub.wake_stream, msgspec.json.encode(event)):
+                self._later(sub_id, self.clock.now_ms() + 1000)
+                return
+            self._events_written[sub_id] = wake_id
+            return
         if target is None:
             log.warning("subscriptions: wake stream %s of %s does not exist", sub.wake_stream, sub_id)
             self._events_written[sub_id] = wake_id

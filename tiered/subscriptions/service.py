@@ -26,7 +26,7 @@ from tiered.streams.visibility import Visibility
 from . import views
 from .config import WEBHOOK, SubscriptionConfig, WakeRequest
 from .records import SigningKeyAdded, WakeClaimed
-from .state import StateStreams, SubscriptionState
+from .state import CombinedStreams, StateStreams, StreamsView, SubscriptionState
 from .tokens import TOKEN_TTL_S, SigningKey, TokenClaims, key_id, mint_token
 
 
@@ -78,10 +78,13 @@ class SubscriptionService:
         self.webhooks = webhooks
         self.allow_loopback = allow_loopback
         self.public_url = public_url.rstrip("/")
+        # Cluster mode, on the subscriptions' shard: the streams other shards report (``tiered.cluster.sub_feed``).
+        self.remote_streams: StreamsView | None = None
 
-    def streams(self, now_ms: int) -> StateStreams:
-        """The default bucket's streams at their durable (visible) tails."""
-        return StateStreams(self.state, now_ms, lambda s: self.visibility.view(s).tail)
+    def streams(self, now_ms: int) -> StreamsView:
+        """The default bucket's streams at their durable (visible) tails (and other shards', in cluster mode)."""
+        local = StateStreams(self.state, now_ms, lambda s: self.visibility.view(s).tail)
+        return local if self.remote_streams is None else CombinedStreams(local, self.remote_streams)
 
     def base_url(self, from_request: str) -> str:
         return self.public_url or from_request

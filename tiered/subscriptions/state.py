@@ -125,6 +125,25 @@ class StateStreams:
                 yield path
 
 
+class CombinedStreams:
+    """This engine's streams, then the ones other shards reported (cluster mode: ``tiered.cluster.sub_feed``)."""
+
+    def __init__(self, local: StreamsView, remote: StreamsView) -> None:
+        self.local = local
+        self.remote = remote
+
+    def tail(self, path: str) -> int | None:
+        tail = self.local.tail(path)
+        return tail if tail is not None else self.remote.tail(path)
+
+    def paths(self) -> Iterable[str]:
+        seen = set(self.local.paths())
+        yield from seen
+        for path in self.remote.paths():
+            if path not in seen:
+                yield path
+
+
 # ---------------------------------------------------------------- state
 
 
@@ -607,6 +626,25 @@ class SubscriptionState:
         except Exception:
             log.exception("subscriptions: handling %s failed", type(record).__name__)
         return []
+
+    def on_remote_stream(
+        self, kind: str, path: str, streams: StreamsView, now_ms: int
+    ) -> list[SubscriptionRecord]:
+        """``on_stream_event`` for a stream this state's engine does not hold (cluster mode: another shard's).
+
+        ``kind`` is what the stream's shard reported: ``created``, ``appended``
+        (its tail moved) or ``gone``; ``streams`` already shows the stream as
+        reported. The same follow-ups as for a local stream: linked under a
+        pattern, idle subscriptions woken, unlinked when gone.
+        """
+        if not self.subs or is_reserved(path):
+            return []
+        if kind == "gone":
+            return [StreamGone(path, now_ms)] if path in self.by_path else []
+        if kind == "created":
+            return self._on_created(path, streams, now_ms)
+        ids = self.by_path.get(path)
+        return self._wake_idle(sorted(ids), streams, now_ms, path, {}) if ids else []
 
     def _on_created(self, path: str, streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
         records: list[SubscriptionRecord] = []

@@ -1,0 +1,420 @@
+"""Subscriptions fed by every shard (cluster mode): each shard reports its streams to the subscriptions' shard.
+
+Subscriptions live in one shard, the one of ``(default, "__ds")``, and their
+state machine (``tiered.subscriptions.state``) sees streams only through a
+``StreamsView``: a tail per path and the list of paths. Streams of other
+shards reach it through a *feed*, so the state machine and its journal stay
+as they are:
+
+* **Sender** (``FeedSender``, one per served shard other than the
+  subscriptions' shard): a commit observer marks the default bucket's paths
+  whose streams changed (created, appended, deleted, expired); a loop posts
+  them, coalesced, with each one's uid and *visible* (acknowledged) tail, or
+  as gone, to ``POST /v1/stream/__ds/_cluster/feed``, which shard routing
+  sends to the subscriptions' shard like any request. The first post after
+  the sender starts, and after the receiver says it is a new instance (its
+  node restarted or the shard moved), is a full snapshot of the shard's
+  streams. An idle sender still posts every ``HEARTBEAT_S``, so a new
+  receiver learns every shard's streams within that.
+* **Receiver** (``FeedTable``, on the subscriptions' shard's engine): the
+  reported streams, in memory (every fact in it is durable in its own shard
+  and reported again after a restart). It is the remote half of the
+  ``CombinedStreams`` the subscription service reads, and each change it
+  learns becomes ``SubscriptionState.on_remote_stream`` follow-ups (links
+  under patterns, wakes, unlinks), committed in that shard's journal like
+  the ones of a local stream.
+* **Acknowledgement**: while the receiver has subscriptions (its answer says
+  so), a write in another shard is acknowledged only after a feed post that
+  started after it was answered: a client that appended and then claims a
+  pull-wake (or reads the subscription) sees its append, as on one node. The
+  wait is bounded (``NOTIFY_TIMEOUT_S``): a receiver that cannot be reached
+  delays writes by that much at most, and learns the append from a later post.
+
+Wake events of pull-wake subscriptions whose wake stream is in another shard
+are appended through routing too (``remote_append``).
+
+The feed post is authenticated with the operator's admin token when one is
+configured; with authentication on and no admin token, it is refused (and
+subscriptions see only their own shard's streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import msgspec
+
+from tiered.errors import ErrorCode, TieredError
+from tiered.http.types import Request, Response, json_response
+from tiered.ids import DEFAULT_BUCKET
+from tiered.node import Node
+from tiered.streams.records import Appended, BucketErased, StreamCreated, StreamDeleted, StreamExpired
+from tiered.subscriptions.state import is_reserved
+
+from .routing import SUBSCRIPTIONS_KEY, route_key
+
+__all__ = ["FEED_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds"]
+
+log = logging.getLogger(__name__)
+
+FEED_PATH = "/v1/stream/__ds/_cluster/feed"
+HEARTBEAT_S = 1.0
+NOTIFY_TIMEOUT_S = 2.0
+_RETRY_S = 0.5
+_SUPERVISE_S = 0.2
+
+Send = Callable[[Request, int], Awaitable[Response]]
+
+
+class FeedBatch(msgspec.Struct, frozen=True):
+    shard: int
+    instance: str | None  # the receiver instance the sender last heard from
+    full: bool  # every stream of the shard (paths not in it are gone)
+    streams: list[tuple[str, int, int]]  # (path, uid, visible tail)
+    gone: list[str]
+
+
+class FeedAnswer(msgspec.Struct, frozen=True):
+    instance: str
+    active: bool  # the receiver has subscriptions: writes wait for their post
+
+
+_decode_batch = msgspec.json.Decoder(FeedBatch).decode
+_decode_answer = msgspec.json.Decoder(FeedAnswer).decode
+
+
+# ---------------------------------------------------------------- receiver
+
+
+class FeedTable:
+    """The streams other shards reported, as a ``StreamsView``; ``apply`` says what changed."""
+
+    def __init__(self) -> None:
+        self.instance = secrets.token_hex(8)
+        self.entries: dict[str, tuple[int, int, int]] = {}  # path -> (shard, uid, tail)
+
+    def tail(self, path: str) -> int | None:
+        entry = self.entries.get(path)
+        return entry[2] if entry is not None else None
+
+    def paths(self) -> Iterable[str]:
+        return list(self.entries)
+
+    def apply(self, batch: FeedBatch) -> list[tuple[str, str]]:
+        """Take a batch in; the changes as ``(kind, path)``: ``created``, ``appended``, ``gone``."""
+        changes: list[tuple[str, str]] = []
+        gone = list(batch.gone)
+        if batch.full:
+            reported = {path for path, _, _ in batch.streams}
+            gone += [p for p, e in self.entries.items() if e[0] == batch.shard and p not in reported]
+        for path in gone:
+            entry = self.entries.get(path)
+            if entry is not None and entry[0] == batch.shard:
+                del self.entries[path]
+                changes.append(("gone", path))
+        for path, uid, tail in batch.streams:
+            entry = self.entries.get(path)
+            if entry is not None and entry[1] == uid:
+                if tail > entry[2]:  # tails only grow: an older report arriving late changes nothing
+                    self.entries[path] = (batch.shard, uid, tail)
+                    changes.append(("appended", path))
+                continue
+            if entry is not None:
+                changes.append(("gone", path))  # deleted and created again
+            self.entries[path] = (batch.shard, uid, tail)
+            changes.append(("created", path))
+        return changes
+
+
+async def receive(engine: Node, table: FeedTable, batch: FeedBatch) -> FeedAnswer:
+    """Apply a batch on the subscriptions' shard: each change decided and committed in turn."""
+    subs = engine.subscriptions
+    future: asyncio.Future[None] | None = None
+    for kind, path in table.apply(batch):
+        now = engine.clock.now_ms()
+        records = subs.subs.on_remote_stream(kind, path, subs.streams(now), now)
+        if records:
+            engine.committer.check_writable()
+            future = engine.committer.commit_nowait(records) or future
+    await engine.committer.durable(future)
+    return FeedAnswer(table.instance, bool(subs.subs.subs))
+
+
+# ---------------------------------------------------------------- sender
+
+
+def _watched(path: str) -> bool:
+    return not is_reserved(path)
+
+
+class FeedObserver:
+    """Commit observer on a shard's engine: marks the default bucket's paths whose streams changed."""
+
+    def __init__(self, engine: Node, mark: Callable[[str | None], None]) -> None:
+        self.state = engine.state
+        self.mark = mark
+
+    def before_apply(self, record: Any) -> object:
+        if isinstance(record, (Appended, StreamDeleted, StreamExpired)):
+            s = self.state.streams.get(record.uid)
+            return (s.bucket, s.path) if s is not None else None
+        return None
+
+    def after_apply(self, record: Any, token: object) -> Sequence[Any]:
+        if isinstance(record, StreamCreated):
+            if record.bucket == DEFAULT_BUCKET and _watched(record.path):
+                self.mark(record.path)
+        elif isinstance(token, tuple):
+            bucket, path = token
+            if bucket == DEFAULT_BUCKET and _watched(path):
+                self.mark(path)
+            if isinstance(record, (StreamDeleted, StreamExpired)):
+                self.mark(None)  # a removal may cascade to other streams: report everything
+        elif isinstance(record, BucketErased) and record.name == DEFAULT_BUCKET:
+            self.mark(None)
+        return ()
+
+    def on_durable(self, record: Any) -> None:
+        return None
+
+
+class FeedSender:
+    """Reports one shard's streams to the subscriptions' shard (see the module docstring)."""
+
+    def __init__(
+        self, shard: int, engine: Node, send: Send, target: Callable[[], int], auth: str | None
+    ) -> None:
+        self.shard = shard
+        self.engine = engine
+        self.send = send
+        self.target = target
+        self.auth = auth
+        self.dirty: set[str] = set()
+        self.full = True
+        self.instance: str | None = None
+        self.active = True  # until the receiver says otherwise
+        self._kick = asyncio.Event()
+        self._next: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.observer = FeedObserver(engine, self.mark)
+        engine.committer.observers.append(self.observer)
+        self.task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._run())
+
+    def mark(self, path: str | None) -> None:
+        if path is None:
+            self.full = True
+        else:
+            self.dirty.add(path)
+        self._kick.set()
+
+    async def notified(self) -> None:
+        """Wait (bounded) for a post that starts after now, if the receiver has subscriptions."""
+        if not self.active or self.task.done():
+            return
+        waiting = self._next
+        self._kick.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiting), NOTIFY_TIMEOUT_S)
+        except (TimeoutError, Exception):
+            return
+
+    def close(self) -> None:
+        if self.observer in self.engine.committer.observers:
+            self.engine.committer.observers.remove(self.observer)
+        self.task.cancel()
+        if not self._next.done():
+            self._next.set_result(None)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), HEARTBEAT_S)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            round_done, self._next = self._next, asyncio.get_running_loop().create_future()
+            try:
+                again = await self._post()
+            except asyncio.CancelledError:
+                round_done.set_result(None)
+                raise
+            except Exception as exc:  # the receiver may be moving: keep the marks, try again soon
+                log.debug("shard %d: subscription feed post failed: %s", self.shard, exc)
+                again = False
+                await asyncio.sleep(_RETRY_S)
+            round_done.set_result(None)
+            if again:
+                self._kick.set()
+
+    def _batch(self) -> tuple[FeedBatch, set[str], bool]:
+        state, now = self.engine.state, self.engine.clock.now_ms()
+        full, dirty = self.full, self.dirty
+        self.full, self.dirty = False, set()
+        if full:
+            dirty = {p for (b, p) in state.paths if b == DEFAULT_BUCKET and _watched(p)}
+        streams: list[tuple[str, int, int]] = []
+        gone: list[str] = []
+        for path in sorted(dirty):
+            s = state.find(DEFAULT_BUCKET, path)
+            if s is None or s.soft_deleted or s.expired(now):
+                gone.append(path)
+            else:
+                streams.append((path, s.uid, self.engine.streams.view(s).tail))
+        return FeedBatch(self.shard, self.instance, full, streams, gone), dirty, full
+
+    async def _post(self) -> bool:
+        """One post; True when a full snapshot must follow at once (a new receiver)."""
+        batch, dirty, full = self._batch()
+        headers = {"Content-Type": "application/json"}
+        if self.auth:
+            headers["Authorization"] = f"Bearer {self.auth}"
+        body = msgspec.json.encode(batch)
+
+        async def read() -> bytes:
+            return body
+
+        try:
+            response = await self.send(Request("POST", FEED_PATH, "", headers, read), self.target())
+            if response.status != 200 or not isinstance(response.body, bytes):
+                raise TieredError(
+                    ErrorCode.UNAVAILABLE, f"the subscriptions' shard answered {response.status}"
+                )
+            answer = _decode_answer(response.body)
+        except BaseException:
+            self.dirty |= dirty
+            self.full = self.full or full
+            raise
+        self.active = answer.active
+        if answer.instance != self.instance:
+            self.instance = answer.instance
+            if not full:
+                self.full = True
+                return True
+        return False
+
+
+# ---------------------------------------------------------------- the node's feeds
+
+
+class SubscriptionFeeds:
+    """Every feed of this node: a sender per served shard, a table on the subscriptions' shard."""
+
+    def __init__(
+        self, shard_of: Callable[[str, str], int], admin_token: str | None, auth_required: bool
+    ) -> None:
+        self.shard_of = shard_of
+        self.admin_token = admin_token
+        self.auth_required = auth_required
+        self.send: Send | None = None
+        self.senders: dict[int, FeedSender] = {}
+        self.tables: dict[int, tuple[Node, FeedTable]] = {}
+
+    def target(self) -> int:
+        return self.shard_of(*SUBSCRIPTIONS_KEY)
+
+    def ensure(self, shard: int, engine: Node) -> None:
+        """Attach the feed's part to ``engine`` (serving ``shard`` here) if it does not have it yet."""
+        if self.send is None:
+            return
+        if shard == self.target():
+            known = self.tables.get(shard)
+            if known is None or known[0] is not engine:
+                table = FeedTable()
+                self.tables[shard] = (engine, table)
+                engine.subscriptions.remote_streams = table
+                engine.deliveries.remote_append = self.remote_append
+            return
+        sender = self.senders.get(shard)
+        if sender is not None and sender.engine is engine:
+            return
+        if sender is not None:
+            sender.close()
+        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.admin_token)
+
+    def supervise(self, engines: dict[int, Node]) -> None:
+        """Feeds for the engines served now; the ones of engines gone are closed."""
+        for shard, engine in list(engines.items()):
+            self.ensure(shard, engine)
+        for shard in [s for s, sender in self.senders.items() if engines.get(s) is not sender.engine]:
+            self.senders.pop(shard).close()
+        for shard in [s for s, (engine, _) in self.tables.items() if engines.get(s) is not engine]:
+            del self.tables[shard]
+
+    async def run(self, engines: Callable[[], dict[int, Node]], stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.supervise(engines())
+            except TieredError:
+                pass  # not joined yet
+            try:
+                await asyncio.wait_for(stop.wait(), _SUPERVISE_S)
+            except TimeoutError:
+                pass
+        for sender in self.senders.values():
+            sender.close()
+        self.senders.clear()
+
+    async def after_write(self, shard: int, path: str) -> None:
+        """A write in ``shard`` was acknowledged: wait (bounded) until the subscriptions' shard heard of it."""
+        sender = self.senders.get(shard)
+        if sender is None:
+            return
+        key = route_key(path)
+        if key is None or key[0] != DEFAULT_BUCKET or not _watched(key[1]):
+            return
+        await sender.notified()
+
+    def _authorized(self, request: Request) -> bool:
+        if self.admin_token:
+            given = request.headers.get("Authorization", "")
+            return hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode())
+        return not self.auth_required
+
+    async def handle(self, shard: int, engine: Node, request: Request) -> Response:
+        """``POST FEED_PATH`` on the subscriptions' shard (served here)."""
+        if request.method != "POST":
+            raise TieredError(ErrorCode.METHOD_NOT_ALLOWED, "the feed takes POST", allow="POST")
+        if not self._authorized(request):
+            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed needs the operator's admin token")
+        try:
+            batch = _decode_batch(await request.body())
+        except msgspec.ValidationError as exc:
+            raise TieredError(ErrorCode.BAD_REQUEST, f"bad feed batch: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise TieredError(ErrorCode.BAD_REQUEST, f"bad feed batch: {exc}") from None
+        self.ensure(shard, engine)
+        known = self.tables.get(shard)
+        if known is None or known[0] is not engine:
+            raise TieredError(ErrorCode.SHARD_NOT_OWNED, "not the subscriptions' shard", retry_after_s=1)
+        answer = await receive(engine, known[1], batch)
+        return json_response(msgspec.to_builtins(answer))
+
+    async def remote_append(self, path: str, event: bytes) -> bool:
+        """Append a wake event to another shard's stream; False: try again later."""
+        if self.send is None:
+            return False
+        headers = {"Content-Type": "application/json"}
+        if self.admin_token:
+            headers["Authorization"] = f"Bearer {self.admin_token}"
+
+        async def read() -> bytes:
+            return event
+
+        try:
+            response = await self.send(
+                Request("POST", "/v1/stream/" + quote(path, safe="/"), "", headers, read),
+                self.shard_of(DEFAULT_BUCKET, path),
+            )
+        except TieredError as exc:
+            log.info("subscriptions: wake event to %s not written yet: %s", path, exc.message)
+            return False
+        if response.status >= 500:
+            return False
+        if response.status >= 300:
+            log.warning("subscriptions: cannot write a wake event to %s: %d", path, response.status)
+        return True
