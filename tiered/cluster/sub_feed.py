@@ -61,11 +61,15 @@ from tiered.subscriptions.state import is_reserved
 
 from .routing import SUBSCRIPTIONS_KEY, route_key
 
-__all__ = ["FEED_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds"]
+__all__ = ["FEED_PATH", "FEED_SYNC_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds", "defines_links"]
 
 log = logging.getLogger(__name__)
 
 FEED_PATH = "/v1/stream/__ds/_cluster/feed"
+#: ``POST`` with ``Tiered-Shard: <n>``: shard n's sender posts now (and waits for writes again), answered after.
+FEED_SYNC_PATH = "/v1/_cluster/feed-sync"
+_SUBSCRIPTIONS = "/v1/stream/__ds/subscriptions/"
+TARGET_SHARD = "Tiered-Shard"  # as ``tiered.http.shard_routing.TARGET_SHARD`` (which imports this module)
 HEARTBEAT_S = 1.0
 IDLE_COALESCE_S = 0.1
 NOTIFY_TIMEOUT_S = 2.0
@@ -307,12 +311,27 @@ class FeedSender:
 # ---------------------------------------------------------------- the node's feeds
 
 
+def defines_links(method: str, path: str) -> bool:
+    """A subscription created (``PUT``) or given streams (``POST .../streams``): links from the current tails."""
+    if not path.startswith(_SUBSCRIPTIONS):
+        return False
+    rest = path[len(_SUBSCRIPTIONS) :]
+    if method == "PUT":
+        return "/" not in rest
+    return method == "POST" and rest.count("/") == 1 and rest.endswith("/streams")
+
+
 class SubscriptionFeeds:
     """Every feed of this node: a sender per served shard, a table on the subscriptions' shard."""
 
     def __init__(
-        self, shard_of: Callable[[str, str], int], admin_token: str | None, auth_required: bool
+        self,
+        shard_count: Callable[[], int],
+        shard_of: Callable[[str, str], int],
+        admin_token: str | None,
+        auth_required: bool,
     ) -> None:
+        self.shard_count = shard_count
         self.shard_of = shard_of
         self.admin_token = admin_token
         self.auth_required = auth_required
@@ -399,6 +418,44 @@ class SubscriptionFeeds:
             raise TieredError(ErrorCode.SHARD_NOT_OWNED, "not the subscriptions' shard", retry_after_s=1)
         answer = await receive(engine, known[1], batch)
         return json_response(msgspec.to_builtins(answer))
+
+    async def barrier(self) -> None:
+        """Every other shard posts its changes now and learns whether subscriptions exist (bounded).
+
+        Run around a subscription's creation on the subscriptions' shard:
+        before, so it links what clients wrote before it at their tails;
+        after, so the other shards' writes wait for their reports from then on.
+        """
+        if self.send is None:
+            return
+        send, target = self.send, self.target()
+        headers = {"Content-Type": "application/json"}
+        if self.admin_token:
+            headers["Authorization"] = f"Bearer {self.admin_token}"
+
+        async def empty() -> bytes:
+            return b""
+
+        async def one(shard: int) -> None:
+            request = Request("POST", FEED_SYNC_PATH, "", {**headers, TARGET_SHARD: str(shard)}, empty)
+            try:
+                await asyncio.wait_for(send(request, shard), NOTIFY_TIMEOUT_S)
+            except (TieredError, TimeoutError) as exc:
+                log.info("subscription feed of shard %d not synced: %r", shard, exc)
+
+        shards = [s for s in range(self.shard_count()) if s != target]
+        await asyncio.gather(*(one(s) for s in shards))
+
+    async def sync(self, shard: int, engine: Node, request: Request) -> Response:
+        """``POST FEED_SYNC_PATH`` for ``shard``, served here: post now, then answer."""
+        if not self._authorized(request):
+            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed needs the operator's admin token")
+        self.ensure(shard, engine)
+        sender = self.senders.get(shard)
+        if sender is not None:
+            sender.active = True  # until the post's answer says whether subscriptions exist
+            await sender.notified()
+        return Response(204, {}, b"")
 
     async def remote_append(self, path: str, event: bytes) -> bool:
         """Append a wake event to another shard's stream; False: try again later."""

@@ -47,7 +47,7 @@ from tiered.cluster.forward import (
 )
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.server import ClusterServer
-from tiered.cluster.sub_feed import FEED_PATH, SubscriptionFeeds
+from tiered.cluster.sub_feed import FEED_PATH, FEED_SYNC_PATH, SubscriptionFeeds, defines_links
 from tiered.cluster.xfork import CrossShardForks
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
@@ -75,7 +75,9 @@ def shard_routing(
     handlers: dict[int, tuple[Node, Handler]] = {}
     admin_token = cluster.config.admin_token()
     # Streams of every shard feed the subscriptions' shard (``tiered.cluster.sub_feed``).
-    feeds = SubscriptionFeeds(cluster.shard_of, admin_token, cluster.config.auth not in ("", "none"))
+    feeds = SubscriptionFeeds(
+        cluster.shard_count, cluster.shard_of, admin_token, cluster.config.auth not in ("", "none")
+    )
     cluster.side_jobs.append(lambda stop: feeds.run(cluster.host.engines.copy, stop))
 
     def handler_of(shard: int, engine: Node) -> Handler:
@@ -88,6 +90,8 @@ def shard_routing(
 
     async def route(request: Request) -> Response:
         path = normalize_path(request.path)
+        if path == FEED_SYNC_PATH:
+            return await feed_sync(request)
         key = route_key(path)
         if key is None:
             return await node_routes(request)
@@ -100,6 +104,17 @@ def shard_routing(
                 raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
             return await to_shard(request, int(target))
         return await to_shard(request, cluster.shard_of(*key))
+
+    async def feed_sync(request: Request) -> Response:
+        """A subscription feed sync (``sub_feed.FEED_SYNC_PATH``) for the shard ``Tiered-Shard`` names."""
+        target = request.headers.get(TARGET_SHARD) or ""
+        if not target.isdigit() or int(target) >= cluster.shard_count():
+            raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
+        shard = int(target)
+        engine = cluster.local_engine(shard)
+        if engine is None:
+            return await to_shard(request, shard)  # to its owner, which serves it as above
+        return await feeds.sync(shard, engine, request)
 
     async def fan_out(request: Request, home: int) -> Response:
         body = await request.body()
@@ -183,7 +198,14 @@ def shard_routing(
         feeds.ensure(shard, engine)
         if request.path == FEED_PATH:
             return await feeds.handle(shard, engine, request)
+        links = defines_links(request.method, normalize_path(request.path))
+        if links:
+            await (
+                feeds.barrier()
+            )  # other shards' recent writes reported: the subscription links them at their tails
         response = await handler_of(shard, engine)(request)
+        if links and response.status < 300:
+            await feeds.barrier()  # from now on, other shards' writes wait for their reports
         if is_write(request.method) and response.status < 300:
             if cluster.object_store:
                 await cluster.durable(shard)

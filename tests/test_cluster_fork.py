@@ -1,0 +1,159 @@
+"""Forks across shards on a three-node object-store cluster (``tiered/cluster/xfork.py``).
+
+The source lives in a shard one node owns, the fork in a shard another node
+owns, and the client talks to the third: the fork's owner pins the source
+through forwarding and stores a copy of the inherited bytes at the same
+offsets. Asserted: byte-exact reads from every node (binary, across message
+boundaries, and JSON), independence from later source appends, the
+single-node soft-delete semantics through the pin (410 while the fork lives,
+404 once it is deleted), and that the fork still reads byte-exact right after
+the source's owner was SIGKILLed (the copy is durable in the fork's own shard).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tiered.cluster.shards import shard_of
+from tiered.ids import DEFAULT_BUCKET, format_offset
+
+from .cluster_support import serving, start_node, unique_prefix, wait_served
+from .http_helpers import append, create, head, read_all, request, stream_url, unique
+from .s3_server import S3Endpoint
+from .server_process import ServerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 8
+
+
+@pytest.fixture
+def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    prefix = unique_prefix("xfork")
+    nodes: list[ServerProcess] = []
+    try:
+        for name in ("n1", "n2", "n3"):
+            nodes.append(
+                start_node(
+                    tmp_path, moto_s3, prefix, name, shards=SHARDS, ttl_s=4.0, durability="object-store",
+                    wal_interval_ms=5,
+                )  # fmt: skip
+            )
+        served = wait_served(nodes, SHARDS, 30, every_node=True)
+        assert all(served), served
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def name_owned_by(node: ServerProcess, prefix: str) -> str:
+    """A fresh stream name in the default bucket whose shard ``node`` serves."""
+    owned = serving(node)
+    for _ in range(1000):
+        name = unique(prefix)
+        if shard_of(DEFAULT_BUCKET, name, SHARDS) in owned:
+            return name
+    raise AssertionError(f"no name hashes to a shard of {node.url} ({owned})")
+
+
+def test_fork_of_another_nodes_shard_reads_byte_exact_and_survives_the_source_owner(
+    trio: list[ServerProcess],
+) -> None:
+    source_owner, fork_owner, entry = trio
+    src_name, fork_name = name_owned_by(source_owner, "src"), name_owned_by(fork_owner, "fork")
+    src = stream_url(entry.url, src_name)
+    pieces = [b"\x00first", b"second\xff", b"third-piece"]
+    assert create(src, "application/octet-stream", pieces[0])[0] == 201
+    for piece in pieces[1:]:
+        assert append(src, piece)[0] == 204
+    source_bytes = b"".join(pieces)
+    fork_at = len(pieces[0]) + 3  # inside the second append: offsets, not messages, are the unit
+
+    fork = stream_url(entry.url, fork_name)
+    status, headers, body = create(
+        fork,
+        "application/octet-stream",
+        Stream_Forked_From=f"/v1/stream/{src_name}",
+        Stream_Fork_Offset=format_offset(fork_at),
+    )
+    assert status == 201, body
+    assert headers["Stream-Next-Offset"] == format_offset(fork_at)
+    assert append(src, b"after-the-fork")[0] == 204
+    assert append(fork, b"+own")[0] == 204
+    expected = source_bytes[:fork_at] + b"+own"
+    for node in trio:
+        data, _ = read_all(stream_url(node.url, fork_name))
+        assert data == expected
+        data, _ = read_all(stream_url(node.url, fork_name), format_offset(fork_at - 2))
+        assert data == expected[fork_at - 2 :]  # identical offsets across the copied boundary
+
+    # Re-creating the same fork is idempotent; another fork point on the same path conflicts.
+    assert create(fork, None, Stream_Forked_From=f"/v1/stream/{src_name}", Stream_Fork_Offset=format_offset(fork_at))[0] == 200  # fmt: skip
+    assert create(fork, None, Stream_Forked_From=f"/v1/stream/{src_name}", Stream_Fork_Offset=format_offset(1))[0] == 409  # fmt: skip
+
+    # The source's owner dies: the fork reads on, from the nodes left, without waiting for a takeover.
+    source_owner.kill()
+    for node in (fork_owner, entry):
+        data, _ = read_all(stream_url(node.url, fork_name))
+        assert data == expected
+
+
+def test_cross_shard_fork_keeps_single_node_delete_semantics_and_json_messages(
+    trio: list[ServerProcess],
+) -> None:
+    source_owner, fork_owner, entry = trio
+    src_name, fork_name = name_owned_by(source_owner, "jsrc"), name_owned_by(fork_owner, "jfork")
+    src, fork = stream_url(entry.url, src_name), stream_url(entry.url, fork_name)
+    assert create(src, "application/json", b'[{"a": 1}, "two, with a comma", [3]]')[0] == 201
+    assert append(src, b'{"b": "\\n"}', "application/json")[0] == 204
+    # Fork after the second message (a JSON sub-offset counts messages from the fork offset).
+    status, _, body = create(
+        fork, None, Stream_Forked_From=f"/v1/stream/{src_name}", Stream_Fork_Offset=format_offset(0),
+        Stream_Fork_Sub_Offset="2",
+    )  # fmt: skip
+    assert status == 201, body
+    assert head(fork)[1]["Content-Type"] == "application/json"
+    assert append(fork, b'"mine"', "application/json")[0] == 204
+    for node in trio:
+        data, _ = read_all(stream_url(node.url, fork_name))
+        assert json.loads(data) == [{"a": 1}, "two, with a comma", "mine"]
+
+    # The fork pins its source: deleting the source soft-deletes it, as on one node.
+    assert request("DELETE", src)[0] == 204
+    assert head(src)[0] == 410
+    assert create(src, "application/json")[0] == 409
+    data, _ = read_all(fork)
+    assert json.loads(data) == [{"a": 1}, "two, with a comma", "mine"]
+    # Deleting the fork releases the pin: the soft-deleted source goes.
+    assert request("DELETE", fork)[0] == 204
+    assert head(fork)[0] == 404
+    assert head(src)[0] == 404
+
+
+def test_refused_cross_shard_forks_leave_no_pin(trio: list[ServerProcess]) -> None:
+    source_owner, fork_owner, entry = trio
+    src_name = name_owned_by(source_owner, "rsrc")
+    src = stream_url(entry.url, src_name)
+    assert create(src, "text/plain", b"data")[0] == 201
+    missing = stream_url(entry.url, name_owned_by(fork_owner, "rfork"))
+    assert create(missing, None, Stream_Forked_From="/v1/stream/no-such-source")[0] == 404
+    mismatch = stream_url(entry.url, name_owned_by(fork_owner, "rfork"))
+    assert create(mismatch, "application/json", Stream_Forked_From=f"/v1/stream/{src_name}")[0] == 409
+    beyond = stream_url(entry.url, name_owned_by(fork_owner, "rfork"))
+    status, _, _ = create(
+        beyond, None, Stream_Forked_From=f"/v1/stream/{src_name}", Stream_Fork_Offset=format_offset(99)
+    )
+    assert status == 400
+    taken = stream_url(entry.url, name_owned_by(fork_owner, "rfork"))
+    assert create(taken, "text/plain", b"not a fork")[0] == 201
+    assert create(taken, None, Stream_Forked_From=f"/v1/stream/{src_name}")[0] == 409
+    for url in (missing, mismatch, beyond):
+        assert head(url)[0] == 404
+    # No refused fork took a reference: the source is deleted outright, not soft-deleted.
+    assert request("DELETE", src)[0] == 204
+    assert head(src)[0] == 404

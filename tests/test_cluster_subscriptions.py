@@ -1,0 +1,141 @@
+"""Subscriptions fed by every shard on a three-node object-store cluster (``tiered/cluster/sub_feed.py``).
+
+The subscriptions live in the shard of ``(default, "__ds")``; the streams of
+the test hash to shards two *other* nodes own, and the wake stream to a
+third shard. Asserted: a pull-wake subscription links streams of both nodes
+by pattern, every append is claimable as soon as it is acknowledged (the
+claim names each stream at its acknowledged tail), acks move the cursors, its
+wake events land in the other shard's wake stream, and a deleted stream is
+unlinked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiered.cluster.routing import SUBSCRIPTIONS_KEY
+from tiered.cluster.shards import shard_of
+from tiered.ids import DEFAULT_BUCKET
+
+from .cluster_support import serving, start_node, unique_prefix, wait_served
+from .http_helpers import append, create, read_all, request, stream_url, unique
+from .s3_server import S3Endpoint
+from .server_process import ServerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 8
+
+
+@pytest.fixture
+def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    prefix = unique_prefix("xsubs")
+    nodes: list[ServerProcess] = []
+    try:
+        for name in ("n1", "n2", "n3"):
+            nodes.append(
+                start_node(
+                    tmp_path, moto_s3, prefix, name, shards=SHARDS, ttl_s=4.0, durability="object-store",
+                    wal_interval_ms=5,
+                )  # fmt: skip
+            )
+        served = wait_served(nodes, SHARDS, 30, every_node=True)
+        assert all(served), served
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def name_in(shards: set[int], prefix: str) -> str:
+    for _ in range(1000):
+        name = unique(prefix)
+        if shard_of(DEFAULT_BUCKET, name, SHARDS) in shards:
+            return name
+    raise AssertionError(f"no name hashes to {shards}")
+
+
+def call(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    status, _, data = request(method, url, headers, json.dumps(body).encode() if body is not None else b"")
+    return status, json.loads(data) if data else None
+
+
+def test_pull_wake_subscription_sees_streams_of_two_other_nodes(trio: list[ServerProcess]) -> None:
+    subs_shard = shard_of(*SUBSCRIPTIONS_KEY, SHARDS)
+    owners = [serving(n) for n in trio]
+    others = [i for i, shards in enumerate(owners) if subs_shard not in shards]
+    assert len(others) == 2, owners  # every node serves shards; one of them the subscriptions'
+    entry = next(n for i, n in enumerate(trio) if i not in others)  # the subscriptions' owner
+    a_shards = owners[others[0]]
+    b_shards = owners[others[1]]
+    wake_name = name_in({s for s in range(SHARDS) if s != subs_shard}, "wake/pool")
+    # Pattern-matched paths must hash where we want them: search names under events/.
+    path_a = next(p for p in (f"events/a-{i}-{unique()}" for i in range(2000)) if shard_of(DEFAULT_BUCKET, p, SHARDS) in a_shards)  # fmt: skip
+    path_b = next(p for p in (f"events/b-{i}-{unique()}" for i in range(2000)) if shard_of(DEFAULT_BUCKET, p, SHARDS) in b_shards)  # fmt: skip
+    base = entry.url
+    sub = f"{base}/v1/stream/__ds/subscriptions/{unique('sub')}"
+
+    assert create(stream_url(base, wake_name), "application/json", b"[]")[0] == 201
+    status, body = call(
+        "PUT", sub, {"type": "pull-wake", "pattern": "events/*", "wake_stream": wake_name, "lease_ttl_ms": 5000}
+    )
+    assert status == 201, body
+
+    # Created through the two other nodes; each acknowledged append is claimable at once.
+    assert create(stream_url(trio[others[0]].url, path_a), "application/json", b'{"n": 1}')[0] == 201
+    assert create(stream_url(trio[others[1]].url, path_b), "application/json", b'{"n": 2}')[0] == 201
+    status, claimed = call("POST", sub + "/claim", {"worker": "w1"})
+    assert status == 200, claimed
+    tails = {s["path"]: s["tail_offset"] for s in claimed["streams"]}
+    assert set(tails) == {path_a, path_b}
+    for path in (path_a, path_b):
+        status, headers, _ = request("HEAD", stream_url(base, path))
+        assert status == 200 and tails[path] == headers["Stream-Next-Offset"]
+    acks = [{"stream": p, "offset": t} for p, t in tails.items()]
+    status, answer = call(
+        "POST",
+        sub + "/ack",
+        {"wake_id": claimed["wake_id"], "generation": claimed["generation"], "acks": acks, "done": True},
+        claimed["token"],
+    )
+    assert (status, answer) == (200, {"ok": True, "next_wake": False})
+
+    # An append in B's shard wakes the subscription again, with B pending and A processed.
+    assert append(stream_url(base, path_b), b'{"n": 3}', "application/json")[0] == 204
+    status, claimed = call("POST", sub + "/claim", {"worker": "w2"})
+    assert status == 200, claimed
+    pending = {s["path"]: s["has_pending"] for s in claimed["streams"]}
+    assert pending == {path_a: False, path_b: True}
+
+    # Wake events went to the wake stream in another shard.
+    deadline = time.monotonic() + 10
+    events: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        data, _ = read_all(stream_url(base, wake_name))
+        events = json.loads(data)
+        if len(events) >= 2:
+            break
+        time.sleep(0.1)
+    assert [e["subscription_id"] for e in events][:2] == [sub.rsplit("/", 1)[1]] * 2
+
+    # A deleted stream is unlinked (its shard reports it gone).
+    assert request("DELETE", stream_url(base, path_a))[0] == 204
+    deadline = time.monotonic() + 10
+    linked: set[str] = set()
+    while time.monotonic() < deadline:
+        status, view = call("GET", sub)
+        linked = {s["path"] for s in view["streams"]}
+        if path_a not in linked:
+            break
+        time.sleep(0.1)
+    assert linked == {path_b}
+    assert call("DELETE", sub)[0] == 204
