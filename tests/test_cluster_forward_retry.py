@@ -38,7 +38,11 @@ class View:
         self.node_id = "here"
         self.object_store = False
         self.clock = SystemClock()
-        self.config = SimpleNamespace(cluster_lease_ttl_s=1.5, lease_margin_s=0.3)
+        self.config = SimpleNamespace(
+            cluster_lease_ttl_s=1.5, lease_margin_s=0.3, auth="none", admin_token=lambda: None
+        )
+        self.side_jobs: list[Any] = []  # the subscription feeds' supervisor (never started here)
+        self.host = SimpleNamespace(engines={})
 
     def shard_of(self, bucket: str, name: str) -> int:
         return 0
