@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tiered.cluster.shards import shard_of
+from tiered.cluster.xfork import PIN_PREFIX, pin_name
 from tiered.ids import DEFAULT_BUCKET, format_offset
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
@@ -39,7 +40,13 @@ def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
         for name in ("n1", "n2", "n3"):
             nodes.append(
                 start_node(
-                    tmp_path, moto_s3, prefix, name, shards=SHARDS, ttl_s=4.0, durability="object-store",
+                    tmp_path,
+                    moto_s3,
+                    prefix,
+                    name,
+                    shards=SHARDS,
+                    ttl_s=4.0,
+                    durability="object-store",
                     wal_interval_ms=5,
                 )  # fmt: skip
             )
@@ -157,3 +164,15 @@ def test_refused_cross_shard_forks_leave_no_pin(trio: list[ServerProcess]) -> No
     # No refused fork took a reference: the source is deleted outright, not soft-deleted.
     assert request("DELETE", src)[0] == 204
     assert head(src)[0] == 404
+
+
+def test_pin_names_hash_to_the_source_shard_and_name_the_fork() -> None:
+    for count in (1, 8, 64):
+        for shard in range(count):
+            name = pin_name("default", "forks/f", "default", shard, count)
+            assert name.startswith(PIN_PREFIX) and shard_of("default", name, count) == shard
+            assert pin_name("default", "forks/f", "default", shard, count) == name  # stable: retries meet
+    assert (
+        pin_name("a-bucket", "x", "default", 3, 8).split("/")[1]
+        != pin_name("default", "x", "default", 3, 8).split("/")[1]
+    )

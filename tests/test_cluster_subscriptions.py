@@ -21,7 +21,12 @@ import pytest
 
 from tiered.cluster.routing import SUBSCRIPTIONS_KEY
 from tiered.cluster.shards import shard_of
+from tiered.cluster.sub_feed import FeedBatch, FeedTable
 from tiered.ids import DEFAULT_BUCKET
+from tiered.streams.state import StreamState
+from tiered.subscriptions.config import parse_config
+from tiered.subscriptions.records import SigningKeyAdded, StreamGone, StreamsLinked, WakeIssued
+from tiered.subscriptions.state import CombinedStreams, StateStreams, SubscriptionState
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
 from .http_helpers import append, create, read_all, request, stream_url, unique
@@ -41,7 +46,13 @@ def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
         for name in ("n1", "n2", "n3"):
             nodes.append(
                 start_node(
-                    tmp_path, moto_s3, prefix, name, shards=SHARDS, ttl_s=4.0, durability="object-store",
+                    tmp_path,
+                    moto_s3,
+                    prefix,
+                    name,
+                    shards=SHARDS,
+                    ttl_s=4.0,
+                    durability="object-store",
                     wal_interval_ms=5,
                 )  # fmt: skip
             )
@@ -86,7 +97,9 @@ def test_pull_wake_subscription_sees_streams_of_two_other_nodes(trio: list[Serve
 
     assert create(stream_url(base, wake_name), "application/json", b"[]")[0] == 201
     status, body = call(
-        "PUT", sub, {"type": "pull-wake", "pattern": "events/*", "wake_stream": wake_name, "lease_ttl_ms": 5000}
+        "PUT",
+        sub,
+        {"type": "pull-wake", "pattern": "events/*", "wake_stream": wake_name, "lease_ttl_ms": 5000},
     )
     assert status == 201, body
 
@@ -139,3 +152,67 @@ def test_pull_wake_subscription_sees_streams_of_two_other_nodes(trio: list[Serve
         time.sleep(0.1)
     assert linked == {path_b}
     assert call("DELETE", sub)[0] == 204
+
+
+# ---------------------------------------------------------------- the feed's pure parts
+
+
+def _batch(
+    shard: int, streams: list[tuple[str, int, int]], gone: list[str] = (), *, full: bool = False
+) -> Any:  # type: ignore[assignment]
+    return FeedBatch(shard, None, full, streams, list(gone))
+
+
+def test_feed_table_turns_reports_into_created_appended_gone() -> None:
+    table = FeedTable()
+    assert table.apply(_batch(1, [("events/a", 7, 0), ("events/b", 8, 5)])) == [
+        ("created", "events/a"),
+        ("created", "events/b"),
+    ]
+    assert (table.tail("events/a"), table.tail("events/b"), table.tail("nope")) == (0, 5, None)
+    # Tails only grow: a late, older report changes nothing; a newer one is an append.
+    assert table.apply(_batch(1, [("events/b", 8, 3)])) == []
+    assert table.apply(_batch(1, [("events/b", 8, 9)])) == [("appended", "events/b")]
+    # Deleted and created again (a new uid): gone, then created.
+    assert table.apply(_batch(1, [("events/a", 11, 2)])) == [("gone", "events/a"), ("created", "events/a")]
+    # A full snapshot: what the shard no longer reports is gone; another shard's entries stay.
+    table.apply(_batch(2, [("events/c", 1, 1)]))
+    assert table.apply(_batch(1, [("events/b", 8, 9)], full=True)) == [("gone", "events/a")]
+    assert sorted(table.paths()) == ["events/b", "events/c"]
+    # A shard cannot report another shard's path gone.
+    assert table.apply(_batch(1, [], ("events/c",))) == []
+    assert table.tail("events/c") == 1
+
+
+def test_remote_streams_link_wake_and_unlink_through_the_unchanged_state_machine() -> None:
+
+    t0 = 1_700_000_000_000
+    subs = SubscriptionState()
+    state = StreamState([subs])
+    table = FeedTable()
+
+    def view() -> CombinedStreams:
+        return CombinedStreams(StateStreams(state, t0), table)
+
+    def feed(batch: Any) -> list[Any]:
+        out: list[Any] = []
+        for kind, path in table.apply(batch):
+            for record in subs.on_remote_stream(kind, path, view(), t0):
+                state.apply(record, None)
+                out.append(record)
+        return out
+
+    state.apply(SigningKeyAdded("ds_k", b"p" * 32, b"s" * 32, b"t" * 32, t0), None)
+    feed(_batch(3, [("events/old", 1, 4)]))
+    records, _ = subs.decide_create("s", parse_config({"type": "pull-wake", "pattern": "events/*", "wake_stream": "w"}), "http://x", view(), t0)  # fmt: skip
+    for record in records:
+        state.apply(record, None)
+    sub = subs.get("s")
+    assert sub.links["events/old"].acked == 4  # backfilled at the reported tail
+    created = feed(_batch(5, [("events/new", 2, 3)]))
+    assert [type(r) for r in created] == [StreamsLinked, WakeIssued]
+    assert dict(created[1].snapshot) == {"events/new": 3, "events/old": 4}
+    assert feed(_batch(5, [("events/new", 2, 6)])) == []  # a wake is already out
+    gone = feed(_batch(3, [], ("events/old",)))
+    assert [type(r) for r in gone] == [StreamGone] and "events/old" not in sub.links
+    assert feed(_batch(3, [("__ds/x", 9, 1)])) == []  # reserved paths never link
