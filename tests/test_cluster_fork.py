@@ -13,6 +13,7 @@ the source's owner was SIGKILLed (the copy is durable in the fork's own shard).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,8 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 SHARDS = 8
 
 
-@pytest.fixture
-def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+def _trio(moto_s3: S3Endpoint, tmp_path: Path, ttl_s: float) -> Iterator[list[ServerProcess]]:
     prefix = unique_prefix("xfork")
     nodes: list[ServerProcess] = []
     try:
@@ -45,7 +45,7 @@ def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
                     prefix,
                     name,
                     shards=SHARDS,
-                    ttl_s=4.0,
+                    ttl_s=ttl_s,
                     durability="object-store",
                     wal_interval_ms=5,
                 )  # fmt: skip
@@ -56,6 +56,17 @@ def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.fixture
+def trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    yield from _trio(moto_s3, tmp_path, 4.0)
+
+
+@pytest.fixture
+def quick_trio(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Lease TTL 1.5 s: a SIGKILLed node's shards are taken over within seconds."""
+    yield from _trio(moto_s3, tmp_path, 1.5)
 
 
 def name_owned_by(node: ServerProcess, prefix: str) -> str:
@@ -176,3 +187,25 @@ def test_pin_names_hash_to_the_source_shard_and_name_the_fork() -> None:
         pin_name("a-bucket", "x", "default", 3, 8).split("/")[1]
         != pin_name("default", "x", "default", 3, 8).split("/")[1]
     )
+
+
+def test_an_acknowledged_cross_shard_fork_survives_its_owners_sigkill(
+    quick_trio: list[ServerProcess],
+) -> None:
+    """The copy is in the fork's create record: once acknowledged, it is in the store (object-store durability)."""
+    source_owner, fork_owner, entry = quick_trio
+    src_name, fork_name = name_owned_by(source_owner, "ksrc"), name_owned_by(fork_owner, "kfork")
+    src, fork = stream_url(entry.url, src_name), stream_url(entry.url, fork_name)
+    data = bytes(range(256)) * 40
+    assert create(src, "application/octet-stream", data[:5000])[0] == 201
+    assert append(src, data[5000:])[0] == 204
+    assert create(fork, None, Stream_Forked_From=f"/v1/stream/{src_name}")[0] == 201
+    fork_owner.kill()
+    survivors = [source_owner, entry]
+    fork_shard = shard_of(DEFAULT_BUCKET, fork_name, SHARDS)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(fork_shard in serving(n) for n in survivors):
+        time.sleep(0.2)
+    for node in survivors:
+        got, _ = read_all(stream_url(node.url, fork_name))
+        assert got == data
