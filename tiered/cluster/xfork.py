@@ -165,7 +165,7 @@ class CrossShardForks:
         try:
             return await self._copy(target, source, spec, pin, shard, headers)
         except BaseException:
-            await self.release(target[0], target[1], spec)
+            await self.release(target[0], target[1], spec, headers)
             raise
 
     async def _copy(
@@ -236,12 +236,14 @@ class CrossShardForks:
             raise TieredError(ErrorCode.INTERNAL_ERROR, "the fork source could not be read to the fork point")
         return bytes(out)
 
-    async def release(self, bucket: str, path: str, spec: str) -> None:
+    async def release(
+        self, bucket: str, path: str, spec: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         """Delete the pin the fork ``(bucket, path)`` holds; a failure is logged (the pin then stays)."""
         source = _source_of(spec)
         try:
             pin, shard = self._pin((bucket, path), source)
-            gone = await self._call("DELETE", source[0], pin, shard, self._headers(None, {}))
+            gone = await self._call("DELETE", source[0], pin, shard, self._headers(headers, {}))
         except TieredError as exc:
             log.warning("fork %s/%s: its pin on %s/%s stays (%s)", bucket, path, *source, exc.message)
             return

@@ -211,7 +211,7 @@ class StreamRoutes:
     # ---------------------------------------------------------------- delete, head
 
     async def delete(self, request: Request, bucket: str, path: str) -> Response:
-        await self.service.delete(bucket, path)
+        await self.service.delete(bucket, path, request.headers)
         return Response(204)
 
     async def head(self, request: Request, bucket: str, path: str) -> Response:

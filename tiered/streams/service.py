@@ -46,7 +46,9 @@ class RemoteForks(Protocol):
         """Pin the source for the fork ``target`` where it lives and fetch what the fork inherits."""
         ...
 
-    async def release(self, bucket: str, path: str, spec: str) -> None:
+    async def release(
+        self, bucket: str, path: str, spec: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         """Drop the pin the fork ``(bucket, path)`` (created as ``spec``) holds on its source (best effort)."""
         ...
 
@@ -299,7 +301,8 @@ class StreamService:
         finally:
             self.append_seconds.observe(self.clock.monotonic() - started)
 
-    async def delete(self, bucket: str, path: str) -> None:
+    async def delete(self, bucket: str, path: str, headers: Mapping[str, str] | None = None) -> None:
+        """Delete (or soft-delete) a stream; ``headers``: the request's, should a pin elsewhere be released."""
         await self.committer.admit()
         try:
             record = self.state.decide_delete(bucket, path, self.clock.now_ms())
@@ -310,7 +313,7 @@ class StreamService:
         if copied is not None and copied.uid not in self.state.streams and self.remote_forks is not None:
             # The last stream reading the copy went: the source's engine may let go of the source.
             assert copied.fork_spec is not None
-            await self.remote_forks.release(copied.bucket, copied.path, copied.fork_spec)
+            await self.remote_forks.release(copied.bucket, copied.path, copied.fork_spec, headers)
 
     def _copied_root(self, uid: int) -> Stream | None:
         """The root of ``uid``'s fork ancestry if it is a fork copied from another shard."""
