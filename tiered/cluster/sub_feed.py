@@ -179,10 +179,9 @@ class FeedObserver:
                 self.mark(record.path)
         elif isinstance(token, tuple):
             bucket, path = token
+            # A removal may cascade to soft-deleted sources, which were reported gone when soft-deleted.
             if bucket == DEFAULT_BUCKET and _watched(path):
                 self.mark(path)
-            if isinstance(record, (StreamDeleted, StreamExpired)):
-                self.mark(None)  # a removal may cascade to other streams: report everything
         elif isinstance(record, BucketErased) and record.name == DEFAULT_BUCKET:
             self.mark(None)
         return ()
