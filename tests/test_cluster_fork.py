@@ -21,12 +21,19 @@ import pytest
 
 from tiered.cluster.shards import shard_of
 from tiered.cluster.xfork import PIN_PREFIX, pin_name
+from tiered.errors import ErrorCode, TieredError
+from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
+from tiered.journal.codec import decode_record, encode_record
+from tiered.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.streams.model import CreateRequest, ForkCopy, ForkRequest
+from tiered.streams.state import StreamState
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
 from .http_helpers import append, create, head, read_all, request, stream_url, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
+from .state_fingerprint import fingerprint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -209,3 +216,38 @@ def test_an_acknowledged_cross_shard_fork_survives_its_owners_sigkill(
     for node in survivors:
         got, _ = read_all(stream_url(node.url, fork_name))
         assert got == data
+
+
+def test_a_copied_fork_is_a_plain_create_record_that_replays_and_snapshots_identically() -> None:
+    """The copy needs no new record type: replay and a snapshot restore give the same state."""
+    t0 = 1_700_000_000_000
+    copy = ForkCopy(base=b"inherited", base_from=3, content_type="text/plain", ttl_s=None,
+                    expires_at=None, expires_at_ms=None)  # fmt: skip
+    fork = ForkRequest(source_uid=None, offset=12, spec="default/src@+0", copy=copy)
+    live = StreamState()
+    records, existing = live.decide_create(
+        DEFAULT_BUCKET, "f", CreateRequest(None, None, None, None, False, b"own", fork), t0
+    )
+    assert existing is None and len(records) == 1
+    record = records[0]
+    assert (record.fork_source, record.fork_offset, record.fork_spec, record.data) == (
+        None, 3, "default/src@+0", b"inheritedown",
+    )  # fmt: skip
+    live.apply(record, (1, 8))
+    s = live.streams[record.uid]
+    assert (s.content_type, s.retained_from, s.tail) == ("text/plain", 3, 15)
+    replayed = StreamState()
+    replayed.apply(decode_record(encode_record(record)), (1, 8))
+    assert fingerprint(replayed) == fingerprint(live)
+    restored, _ = decode_snapshot(encode_snapshot(live, LogPosition(1, 64)))
+    assert fingerprint(restored) == fingerprint(live)
+    # The same fork again matches (200); another fork point at the same path conflicts (409).
+    again, existing = live.decide_create(
+        DEFAULT_BUCKET, "f", CreateRequest(None, None, None, None, False, b"", ForkRequest(None, 0, "default/src@+0")), t0
+    )  # fmt: skip
+    assert again == [] and existing is s
+    with pytest.raises(TieredError) as exc:
+        live.decide_create(
+            DEFAULT_BUCKET, "f", CreateRequest(None, None, None, None, False, b"", ForkRequest(None, 0, "default/src@+1")), t0
+        )  # fmt: skip
+    assert exc.value.code is ErrorCode.STREAM_EXISTS
