@@ -364,7 +364,7 @@ class WalShipper:
 
     async def _has_garbage(self) -> bool:
         listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
-        return bool(plan_releases(self.index, listed, self.epoch, {}, 0, 1).keys() - self.released.keys())
+        return len(plan_releases(self.index, listed, self.epoch, self.released, 0, 1)) > len(self.released)
 
     async def _delete_due(self) -> None:
         for key in due_deletions(self.released, self.clock.now_ms(), self.gc_grace_ms, self.gc_limit):
