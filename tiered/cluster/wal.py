@@ -180,6 +180,7 @@ class WalShipper:
         self.entries_pruned = 0
         self._pruned_below = 0  # every entry below this position but fences is gone (as far as we know)
         self._kept: set[int] = set()  # positions below the checkpoint holding fences
+        self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
         self._last_reconcile = clock.monotonic()
 
     def start(self) -> None:
@@ -308,7 +309,8 @@ class WalShipper:
         if data:
             await self.store.put(key, data, if_none_match=True)
         commit = WalCommit(pieces, deleted)
-        await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if the shard moved on
+        entry = await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if moved on
+        self._commits.add(entry.seq)
         self.index.apply(commit)
         for name, start, chunk in writes:
             self.shipped[name] = start + len(chunk)
@@ -337,6 +339,7 @@ class WalShipper:
         except ObjectStoreError as exc:
             log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
         entry = await self.cluster.commit(self.shard, encode_payload(self.index.checkpoint(released)))
+        self._commits.add(entry.seq)
         fresh = len(released) - len(self.released)
         self.released = released
         self.checkpoint_seq = entry.seq
@@ -385,13 +388,15 @@ class WalShipper:
         positions = [seq for item in await cas.list(prefix) if (seq := keys.seq_of_manifest_key(item.key))]
         todo = plan_prune(positions, checkpoint, self._kept, self.gc_limit)
         for seq in todo:
-            found = await cas.get(keys.manifest_key(self.shard, seq))
-            if found is None:
-                continue
-            if prunable(decode_entry(found.data, self.shard, seq), checkpoint):
-                await cas.delete(keys.manifest_key(self.shard, seq))
-                self.entries_pruned += 1
-            else:
-                self._kept.add(seq)
+            if seq not in self._commits:  # an older owner's: read it (a fence is kept)
+                found = await cas.get(keys.manifest_key(self.shard, seq))
+                if found is None:
+                    continue
+                if not prunable(decode_entry(found.data, self.shard, seq), checkpoint):
+                    self._kept.add(seq)
+                    continue
+            await cas.delete(keys.manifest_key(self.shard, seq))
+            self._commits.discard(seq)
+            self.entries_pruned += 1
         if len(todo) < self.gc_limit:
             self._pruned_below = checkpoint
