@@ -484,11 +484,13 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     thread.start()
     time.sleep(0.5)
     nodes[owner].kill()
+    before = len(producer.acked)
     time.sleep(4 * TTL)
     producer.stop.set()
     thread.join(timeout=60)
     assert not thread.is_alive()
-    assert len(producer.acked) >= 5, (len(producer.acked), producer.retries, producer.gave_up)
+    # Acknowledged before the kill (through the old owner) and after it (through the new one).
+    assert before >= 1 and len(producer.acked) > before, (before, len(producer.acked), producer.gave_up)
     cluster.start(tmp_path, owner)  # back under the same id: the cluster heals and rebalances
     assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
     assert _settles(checker)
