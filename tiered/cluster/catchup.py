@@ -70,12 +70,18 @@ CacheKey = tuple[str, str, bytes]  # bucket, stream path, credential key
 
 
 class LocatorCache:
-    """Locators by (bucket, path, caller): at most ``capacity`` keys, LRU, each locator until it expires."""
+    """Locators by (bucket, path, caller), each until it expires; LRU over keys, bounded in keys and pieces.
 
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be positive")
+    Pieces (one cold object's index each) are what takes memory, so they are
+    bounded too: ``max_pieces`` over every kept locator.
+    """
+
+    def __init__(self, capacity: int, max_pieces: int = 65536) -> None:
+        if capacity < 1 or max_pieces < 1:
+            raise ValueError("capacity and max_pieces must be positive")
         self.capacity = capacity
+        self.max_pieces = max_pieces
+        self.pieces = 0
         self._entries: OrderedDict[CacheKey, list[tuple[Locator, float]]] = OrderedDict()
         self.expired = 0  # locators dropped because their validity ended
 
@@ -85,7 +91,9 @@ class LocatorCache:
         if found is None:
             return None
         live = [(loc, until) for loc, until in found if now < until]
-        self.expired += len(found) - len(live)
+        if len(live) != len(found):
+            self.expired += len(found) - len(live)
+            self.pieces -= _pieces(found) - _pieces(live)
         if not live:
             del self._entries[key]
             return None
@@ -100,15 +108,24 @@ class LocatorCache:
         """Keep ``locator``, asked for at ``sent_at``; valid until the earlier of the owner's and our bound."""
         until = sent_at + min(locator.valid_ms / 1000, max_valid_s)
         found = self._entries.pop(key, [])
+        self.pieces -= _pieces(found)
         found = [e for e in found if e[0].start != locator.start][-(MAX_LOCATORS_PER_KEY - 1) :]
         found.append((locator, until))
         self._entries[key] = found
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self.pieces += _pieces(found)
+        while len(self._entries) > self.capacity or (
+            self.pieces > self.max_pieces and len(self._entries) > 1
+        ):
+            _, evicted = self._entries.popitem(last=False)
+            self.pieces -= _pieces(evicted)
         return until
 
     def drop(self, key: CacheKey) -> None:
-        self._entries.pop(key, None)
+        self.pieces -= _pieces(self._entries.pop(key, []))
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _pieces(entries: list[tuple[Locator, float]]) -> int:
+    return sum(len(loc.pieces) for loc, _ in entries)

@@ -35,6 +35,7 @@ __all__ = [
     "LOCATOR_HEADER",
     "LOCATOR_MEDIA_TYPE",
     "LOCATOR_SPAN_BYTES",
+    "MAX_PIECES",
     "ColdPiece",
     "Locator",
     "build_locator",
@@ -48,6 +49,8 @@ LOCATOR_HEADER = "Tiered-Locator"
 LOCATOR_MEDIA_TYPE = "application/vnd.tiered.locator+msgpack"
 #: How far past the read's offset one locator reaches (one owner round trip per this many bytes read).
 LOCATOR_SPAN_BYTES = 64 * 1024 * 1024
+#: Cold pieces in one locator at most (a stream flushed in many small objects gets shorter locators).
+MAX_PIECES = 256
 
 
 class ColdPiece(msgspec.Struct, frozen=True, array_like=True):
@@ -145,8 +148,8 @@ def build_locator(
     pieces: list[ColdPiece] = []
     at = offset
     for sl in state.plan_read(s, offset, limit):
-        if not isinstance(sl, ColdSlice) or sl.start != at:
-            break  # the hot tier starts here
+        if not isinstance(sl, ColdSlice) or sl.start != at or len(pieces) >= MAX_PIECES:
+            break  # the hot tier starts here (or the locator is long enough)
         obj = state.cold_objects.get(sl.key)
         if obj is None or obj.deleting:
             break
