@@ -17,9 +17,10 @@ is read from the cold tier); then for each node in turn ``--concurrency``
 readers follow ``Stream-Next-Offset`` from random chunk-aligned offsets for
 ``--seconds``. Printed per node: reads/s, MiB/s, latency p50/p99, the share of
 answers served from the store by that node (``Tiered-Served-By``), and the CPU
-time of all node processes per read. The nodes' read caches are
-``--read-cache-mib`` each, smaller than the data, so most row groups come from
-the store on either path. Heavy: take /tmp/tiered-bench.lock first.
+time of all node processes per read (and of the owner alone). Read caches are
+``--read-cache-mib`` (each engine's, and a non-owner's one catch-up cache),
+smaller than the data; with the default single shard the owner has one engine,
+so both paths have the same cache. Heavy: take /tmp/tiered-bench.lock first.
 
     python bench/cluster_catchup.py --seconds 8 --json catchup.json
 """
@@ -44,7 +45,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import BUCKET, ENV, REGION, NodeProc, free_port  # noqa: E402
+from cluster import BUCKET, ENV, REGION, NodeProc, free_port, get_json  # noqa: E402
 
 from tiered.ids import format_offset  # noqa: E402
 
@@ -62,6 +63,7 @@ class Row:
     p99_ms: float
     served_from_store: float
     node_cpu_ms_per_read: float
+    owner_cpu_ms_per_read: float
 
 
 async def read_load(
@@ -74,6 +76,8 @@ async def read_load(
     size = args.stream_mib * MiB
     deadline = time.monotonic() + args.seconds
     rng = random.Random(11)
+    statuses: dict[int, int] = {}
+    samples: list[bytes] = []
 
     async def reader(session: aiohttp.ClientSession) -> None:
         nonlocal nbytes, errors, served
@@ -86,6 +90,9 @@ async def read_load(
                     body = await r.read()
                     if r.status != 200:
                         errors += 1
+                        statuses[r.status] = statuses.get(r.status, 0) + 1
+                        if len(samples) < 3:
+                            samples.append(body[:300])
                         break
                     latencies.append(time.perf_counter() - t0)
                     nbytes += len(body)
@@ -94,6 +101,8 @@ async def read_load(
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(reader(session) for _ in range(args.concurrency)))
+    if statuses:
+        print(f"  {url}: errors by status {statuses}, e.g. {samples}", flush=True)
     return latencies, nbytes, errors, served
 
 
@@ -161,7 +170,9 @@ def main() -> int:
     parser.add_argument("--read-cache-mib", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument(
+        "--shards", type=int, default=1, help="1: the owner has one read cache, as the non-owner"
+    )
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--wal-interval-ms", type=int, default=200)
     parser.add_argument("--json", type=Path)
@@ -196,11 +207,11 @@ def main() -> int:
                 wait_cold(nodes[1].url, streams, args, 120)
                 labels = {"n1": "owner", "n2": "non-owner, from the store", "n3": "non-owner, forwarded"}
                 for node in nodes:
-                    cpu0 = sum(n.cpu_s() for n in nodes)
+                    cpu0, owner0 = sum(n.cpu_s() for n in nodes), nodes[0].cpu_s()
                     t0 = time.monotonic()
                     lat, nbytes, errors, served = asyncio.run(read_load(node.url, streams, args))
                     took = time.monotonic() - t0
-                    cpu1 = sum(n.cpu_s() for n in nodes)
+                    cpu1, owner1 = sum(n.cpu_s() for n in nodes), nodes[0].cpu_s()
                     lat.sort()
                     ok = len(lat)
                     row = Row(
@@ -213,15 +224,19 @@ def main() -> int:
                         p99_ms=1000 * lat[min(ok - 1, int(0.99 * ok))] if lat else float("nan"),
                         served_from_store=served / ok if ok else 0.0,
                         node_cpu_ms_per_read=1000 * (cpu1 - cpu0) / ok if ok else float("nan"),
+                        owner_cpu_ms_per_read=1000 * (owner1 - owner0) / ok if ok else float("nan"),
                     )
                     rows.append(row)
                     print(
                         f"{row.via:>26}: {row.reads_per_s:7.0f} reads/s {row.mib_per_s:7.1f} MiB/s  "
                         f"p50 {row.p50_ms:6.1f} ms  p99 {row.p99_ms:6.1f} ms  "
                         f"from store {100 * row.served_from_store:5.1f} %  "
-                        f"node CPU {row.node_cpu_ms_per_read:5.2f} ms/read  errors {row.errors}",
+                        f"node CPU {row.node_cpu_ms_per_read:5.2f} ms/read "
+                        f"(owner {row.owner_cpu_ms_per_read:5.2f})  errors {row.errors}",
                         flush=True,
                     )
+                stats = get_json(nodes[1].url + "/readyz")["checks"]["catchup"]
+                print(f"non-owner's catch-up counters: {stats}", flush=True)
             finally:
                 for n in nodes:
                     n.stop()

@@ -138,7 +138,14 @@ def _obj(key: str, start: int, end: int, bucket: str = "b", path: str = "p") -> 
 
 
 def _stream(**kw: Any) -> Any:
-    base = {"uid": 9, "content_type": "application/json", "json": True, "ttl_s": None, "expires_at_ms": None}
+    base = {
+        "uid": 9,
+        "content_type": "application/json",
+        "json": True,
+        "ttl_s": None,
+        "expires_at_ms": None,
+        "retained_from": 0,
+    }
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -174,8 +181,16 @@ def test_the_owner_locates_the_leading_cold_run_with_per_stream_indexes() -> Non
     assert decode_locator(encode_locator(loc)) == loc
     # A read whose answer reaches the hot tier gets no locator: the owner answers it.
     assert _build(state, _stream(), offset=2100) is None
+    # The locator reaches back half its span, never below the retained start.
     loc = _build(state, _stream(), offset=1500)  # [1500, 2000): all cold
-    assert loc is not None and [(p.key, p.start, p.end) for p in loc.pieces] == [("data/B", 1500, 2500)]
+    assert loc is not None and (loc.start, loc.cold_end) == (0, 2500)
+    loc = _build(state, _stream(retained_from=700), offset=1500)
+    assert loc is not None and [(p.key, p.start, p.end) for p in loc.pieces] == [
+        ("data/A", 700, 1000),
+        ("data/B", 1000, 2500),
+    ]
+    loc = _build(state, _stream(), offset=1500, span_bytes=1200)
+    assert loc is not None and (loc.start, loc.cold_end) == (900, 2100)
 
 
 def test_no_locator_for_ttl_streams_reads_near_the_tail_or_when_switched_off() -> None:

@@ -142,12 +142,26 @@ def build_locator(
         valid_ms = min(valid_ms, s.expires_at_ms - now_ms)
         if valid_ms <= 0:
             return None
-    limit = min(tail, offset + max(span_bytes, chunk_bytes + 1))
-    if offset + chunk_bytes >= limit:
-        return None  # the answer would reach the tail (up to date) or the span
+    span = max(span_bytes, 2 * chunk_bytes + 2)
+    if offset + chunk_bytes >= tail:
+        return None  # the answer would be up to date
+    # Half the span before the offset too: readers that jump around (or several readers of one
+    # stream) find one locator for the whole neighbourhood. Never below the retained start.
+    lo = max(s.retained_from, offset - span // 2, 0)
+    found = _locate(state, s, lo, min(tail, lo + span), tail, chunk_bytes, valid_ms)
+    if found is not None and servable_end(found, offset) is not None:
+        return found
+    found = _locate(state, s, offset, min(tail, offset + span), tail, chunk_bytes, valid_ms)
+    return found if found is not None and servable_end(found, offset) is not None else None
+
+
+def _locate(
+    state: StreamState, s: Stream, start: int, limit: int, tail: int, chunk_bytes: int, valid_ms: int
+) -> Locator | None:
+    """The locator of the cold run from ``start`` on (up to ``limit`` and ``MAX_PIECES``); None if none."""
     pieces: list[ColdPiece] = []
-    at = offset
-    for sl in state.plan_read(s, offset, limit):
+    at = start
+    for sl in state.plan_read(s, start, limit):
         if not isinstance(sl, ColdSlice) or sl.start != at or len(pieces) >= MAX_PIECES:
             break  # the hot tier starts here (or the locator is long enough)
         obj = state.cold_objects.get(sl.key)
@@ -159,5 +173,6 @@ def build_locator(
             break
         pieces.append(ColdPiece(sl.key, sl.bucket, sl.path, sl.start, sl.end, index))
         at = sl.end
-    locator = Locator(s.uid, s.content_type, s.json, tail, chunk_bytes, offset, at, valid_ms, tuple(pieces))
-    return locator if servable_end(locator, offset) is not None else None
+    if at == start:
+        return None
+    return Locator(s.uid, s.content_type, s.json, tail, chunk_bytes, start, at, valid_ms, tuple(pieces))
