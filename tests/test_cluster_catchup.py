@@ -245,6 +245,22 @@ def test_unauthorized_catch_up_reads_are_refused_as_the_owner_refuses_them(pair:
     assert status == 200 and headers.get("Tiered-Served-By") == "n2"
 
 
+def test_a_locator_is_not_used_past_the_credentials_expiry(pair: tuple[Node, Node]) -> None:
+    owner, other = pair
+    path, reader = _stream(pair, "application/octet-stream", [os.urandom(3000) for _ in range(4)])
+    _wait_cold(other, path, reader)
+    # A JWT (exp in whole seconds) expiring 1-1.5 s from now: its locator would be good for LOCATOR_TTL.
+    time.sleep((0.5 - time.time() % 1) % 1)
+    exp = int(time.time()) + 2
+    short = bearer(owner.jwt(f"tiered:{BUCKET}:read", exp=exp))
+    status, headers, _ = _get(other.url + path, 0, short)
+    assert status == 200 and headers.get("Tiered-Served-By") == "n2"  # cached for this credential
+    time.sleep(max(0.0, exp - time.time()) + 0.3)  # expired, well within LOCATOR_TTL of the locator
+    assert _get(owner.url + path, 0, short)[0] == 401
+    status, headers, _ = _get(other.url + path, 0, short)
+    assert status == 401 and headers.get("Tiered-Served-By") is None
+
+
 def test_a_flipped_byte_in_the_cold_object_is_an_integrity_error_through_the_non_owner(
     pair: tuple[Node, Node], moto_s3: S3Endpoint
 ) -> None:

@@ -325,6 +325,12 @@ class StreamRoutes:
         if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1":
             return None
         service = self.service
+        now_ms = self.clock.now_ms()
+        valid_ms = self.locator_valid_ms
+        # The peer caches the locator for this credential: never past the credential's own expiry.
+        expires_ms = getattr(getattr(request.auth, "principal", None), "expires_ms", None)
+        if isinstance(expires_ms, int):
+            valid_ms = min(valid_ms, expires_ms - now_ms)
         locator = build_locator(
             service.state,
             s,
@@ -332,8 +338,8 @@ class StreamRoutes:
             offset=offset,
             chunk_bytes=self.read_chunk_bytes,
             span_bytes=self.locator_span_bytes,
-            valid_ms=self.locator_valid_ms,
-            now_ms=self.clock.now_ms(),
+            valid_ms=valid_ms,
+            now_ms=now_ms,
         )
         if locator is None:
             return None
