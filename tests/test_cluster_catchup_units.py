@@ -44,16 +44,16 @@ def _locator(
 
 def test_only_plain_catch_up_reads_at_an_explicit_offset_are_candidates() -> None:
     at = format_offset(12345)
-    assert catchup_offset("GET", {"offset": at}, {}) == 12345
-    assert catchup_offset("GET", {"offset": at, "cursor": "x"}, {}) == 12345
-    assert catchup_offset("HEAD", {"offset": at}, {}) is None
-    assert catchup_offset("POST", {"offset": at}, {}) is None
+    assert catchup_offset("GET", {"offset": at}, marked=False) == 12345
+    assert catchup_offset("GET", {"offset": at, "cursor": "x"}, marked=False) == 12345
+    assert catchup_offset("HEAD", {"offset": at}, marked=False) is None
+    assert catchup_offset("POST", {"offset": at}, marked=False) is None
     for live in ("long-poll", "sse", ""):
-        assert catchup_offset("GET", {"offset": at, "live": live}, {}) is None
+        assert catchup_offset("GET", {"offset": at, "live": live}, marked=False) is None
     for raw in ("-1", "now", "12", "", "x" * 33):
-        assert catchup_offset("GET", {"offset": raw}, {}) is None
-    assert catchup_offset("GET", {}, {}) is None
-    assert catchup_offset("GET", {"offset": at}, {"Tiered-Forwarded-By": ""}) is None
+        assert catchup_offset("GET", {"offset": raw}, marked=False) is None
+    assert catchup_offset("GET", {}, marked=False) is None
+    assert catchup_offset("GET", {"offset": at}, marked=True) is None
 
 
 def test_the_credential_key_names_the_caller_without_holding_the_credential() -> None:
@@ -86,12 +86,25 @@ def test_locators_round_trip_and_malformed_ones_are_refused() -> None:
     gap = Locator(
         1, "t", False, 5000, 100, 0, 2000, 1000,
         (
-            ColdPiece("k1", "b", "p", 0, 1000, _index()),
-            ColdPiece("k2", "b", "p", 1100, 2000, _index()),
+            ColdPiece("data/1", "b", "p", 0, 1000, _index()),
+            ColdPiece("data/2", "b", "p", 1100, 2000, _index()),
         ),
     )  # fmt: skip
     with pytest.raises(ValueError, match="contiguously"):
         decode_locator(encode_locator(gap))
+    elsewhere = Locator(
+        1,
+        "t",
+        False,
+        5000,
+        100,
+        0,
+        1000,
+        1000,
+        (ColdPiece("_tiered/cluster/cluster.json", "b", "p", 0, 1000, _index()),),
+    )
+    with pytest.raises(ValueError, match="cold objects"):
+        decode_locator(encode_locator(elsewhere))  # only cold objects' keys are ever read
     beyond_tail = Locator(1, "t", False, 500, 100, 0, 1000, 1000, _locator().pieces)
     with pytest.raises(ValueError):
         decode_locator(encode_locator(beyond_tail))

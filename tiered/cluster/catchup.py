@@ -43,15 +43,13 @@ MAX_LOCATORS_PER_KEY = 4
 _KEY = os.urandom(32)  # per process: cache keys are useless outside it
 
 
-def catchup_offset(method: str, query: Mapping[str, str], headers: Mapping[str, str]) -> int | None:
+def catchup_offset(method: str, query: Mapping[str, str], *, marked: bool) -> int | None:
     """The offset of a catch-up read this node may try to serve from locators; None: forward as usual.
 
-    ``headers`` are the names that take a request out: one already forwarded
-    (``Tiered-Forwarded-By``), a bucket fan-out (``Tiered-Shard``), a client
-    asking for a redirect (``Tiered-Redirect``). The caller passes what the
-    request carries; their values do not matter.
+    ``marked``: the request carries a header that takes it out (already
+    forwarded, a bucket fan-out's sub-request, a client asking for a redirect).
     """
-    if method != "GET" or "live" in query or headers:
+    if marked or method != "GET" or "live" in query:
         return None
     raw = query.get("offset")
     if raw is None:

@@ -120,9 +120,8 @@ class CatchupReads:
         if self.max_valid_s <= 0:
             return None
         headers = request.headers
-        offset = catchup_offset(
-            request.method, request.query, {h: "" for h in _NOT_CATCHUP if headers.get(h) is not None}
-        )
+        marked = any(headers.get(h) is not None for h in _NOT_CATCHUP)
+        offset = catchup_offset(request.method, request.query, marked=marked)
         if offset is None:
             return None
         try:

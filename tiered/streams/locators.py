@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tiered.cold.chunk_index import ChunkIndex
+from tiered.cold.keys import DATA_PREFIX
 
 from .model import ColdSlice, Stream
 
@@ -91,15 +92,15 @@ def decode_locator(data: bytes) -> Locator:
     except msgspec.DecodeError as exc:
         raise ValueError(f"not a locator: {exc}") from None
     if not _contiguous(locator):
-        raise ValueError("a locator's pieces must cover [start, cold_end) contiguously")
+        raise ValueError("a locator's pieces must be cold objects covering [start, cold_end) contiguously")
     return locator
 
 
 def _contiguous(locator: Locator) -> bool:
     at = locator.start
     for piece in locator.pieces:
-        if piece.start != at or piece.end <= piece.start:
-            return False
+        if piece.start != at or piece.end <= piece.start or not piece.key.startswith(DATA_PREFIX):
+            return False  # gaps, empty pieces, or a key that is no cold object's
         at = piece.end
     return at == locator.cold_end and locator.start < locator.cold_end <= locator.tail
 
