@@ -180,6 +180,13 @@ def test_a_catch_up_read_through_the_non_owner_is_the_owners_answer_from_the_sto
                 etag = headers["ETag"]
                 assert _get(other.url + path, offset, {**reader, "If-None-Match": etag})[0] == 304
 
+        # A read from the retained start (-1, or no offset) too.
+        for query in ("?offset=-1", ""):
+            want = request("GET", owner.url + path + query, reader)
+            got = request("GET", other.url + path + query, reader)
+            assert (got[0], got[2], _protocol(got[1])) == (want[0], want[2], _protocol(want[1]))
+            assert got[1].get("Tiered-Served-By") == "n2" and got[2] == walked[0][3]
+
     # Locators fresh (fetched just now), the owner paused: the cold answers need nothing from it.
     time.sleep(LOCATOR_TTL + 0.2)
     for path, reader, _ in streams:

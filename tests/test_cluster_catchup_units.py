@@ -5,9 +5,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
-from tiered.cluster.catchup import MAX_LOCATORS_PER_KEY, LocatorCache, catchup_offset, credential_key
+from tiered.cluster.catchup import (
+    MAX_LOCATORS_PER_KEY,
+    RETAINED_START,
+    LocatorCache,
+    catchup_offset,
+    credential_key,
+    start_of,
+)
 from tiered.cold.chunk_index import ChunkIndex, ChunkRange, RowGroupSpan, StreamIndex
 from tiered.ids import format_offset
 from tiered.streams.locators import (
@@ -20,6 +28,10 @@ from tiered.streams.locators import (
     servable_end,
 )
 from tiered.streams.model import ColdObject, ColdSlice, HotSlice
+
+
+def msgspec_replace(loc: Locator, **changes: Any) -> Locator:
+    return msgspec.structs.replace(loc, **changes)
 
 
 def _index(bucket: str = "b", path: str = "p", start: int = 0, end: int = 1000) -> ChunkIndex:
@@ -50,9 +62,11 @@ def test_only_plain_catch_up_reads_at_an_explicit_offset_are_candidates() -> Non
     assert catchup_offset("POST", {"offset": at}, marked=False) is None
     for live in ("long-poll", "sse", ""):
         assert catchup_offset("GET", {"offset": at, "live": live}, marked=False) is None
-    for raw in ("-1", "now", "12", "", "x" * 33):
+    for raw in ("now", "12", "", "x" * 33):
         assert catchup_offset("GET", {"offset": raw}, marked=False) is None
-    assert catchup_offset("GET", {}, marked=False) is None
+    # From the retained start: where that is, the locator says.
+    assert catchup_offset("GET", {"offset": "-1"}, marked=False) == RETAINED_START
+    assert catchup_offset("GET", {}, marked=False) == RETAINED_START
     assert catchup_offset("GET", {"offset": at}, marked=True) is None
 
 
@@ -198,7 +212,8 @@ def test_the_owner_locates_the_leading_cold_run_with_per_stream_indexes() -> Non
     loc = _build(state, _stream(), offset=1500)  # [1500, 2000): all cold
     assert loc is not None and (loc.start, loc.cold_end) == (0, 2500)
     loc = _build(state, _stream(retained_from=700), offset=1500)
-    assert loc is not None and [(p.key, p.start, p.end) for p in loc.pieces] == [
+    assert loc is not None and loc.retained_from == 700
+    assert [(p.key, p.start, p.end) for p in loc.pieces] == [
         ("data/A", 700, 1000),
         ("data/B", 1000, 2500),
     ]
@@ -267,6 +282,12 @@ def test_a_cached_locator_serves_only_its_own_caller_and_range() -> None:
     assert cache.get(theirs, 500, 1.0) is None
     assert cache.get(("b", "other", mine[2]), 500, 1.0) is None
     assert cache.get(mine, 950, 1.0) is None  # the answer would run past the locator
+    # A read from the retained start is served by a locator that starts there (as of issue).
+    assert cache.get(mine, RETAINED_START, 1.0) is loc and start_of(loc, RETAINED_START) == 0
+    later = _locator(start=300, cold_end=1000, chunk=100)
+    cache.put(theirs, msgspec_replace(later, retained_from=100), 0.0, 10.0)
+    assert cache.get(theirs, RETAINED_START, 1.0) is None  # it does not reach back to 100
+    assert cache.get(theirs, 300, 1.0) is not None
 
 
 def test_the_cache_is_bounded_in_keys_locators_per_key_and_pieces() -> None:

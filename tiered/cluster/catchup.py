@@ -5,9 +5,10 @@ stream below its cold frontier itself, from the cold objects (the shell is
 ``cold_reads.py``; the locator and why it is safe, ``tiered/streams/
 locators.py``). What is decided here:
 
-* ``catchup_offset``: is this request a plain catch-up read at an explicit
-  offset (not live, not ``-1``/``now``, not forwarded, not a redirect
-  request)? Only those are candidates; everything else is forwarded as before.
+* ``catchup_offset``: is this request a plain catch-up read (not live, not
+  ``now``, not forwarded, not a redirect request)? Only those are
+  candidates; everything else is forwarded as before. A read from the
+  retained start (``-1``) starts where the locator says it did when issued.
 * ``LocatorCache``: locators by (stream, caller), bounded (LRU) and
   expiring. A locator's validity counts from the moment its request was
   *sent*, on this node's monotonic clock: that is before the owner issued it,
@@ -35,7 +36,14 @@ from collections.abc import Mapping
 from tiered.ids import parse_offset
 from tiered.streams.locators import Locator, servable_end
 
-__all__ = ["LocatorCache", "catchup_offset", "credential_key", "MAX_LOCATORS_PER_KEY"]
+__all__ = [
+    "MAX_LOCATORS_PER_KEY",
+    "RETAINED_START",
+    "LocatorCache",
+    "catchup_offset",
+    "credential_key",
+    "start_of",
+]
 
 #: Locators kept per (stream, caller): a reader moves forward, so a few recent ranges are enough.
 MAX_LOCATORS_PER_KEY = 4
@@ -43,18 +51,28 @@ MAX_LOCATORS_PER_KEY = 4
 _KEY = os.urandom(32)  # per process: cache keys are useless outside it
 
 
+#: ``catchup_offset`` of a read from the retained start (``offset=-1`` or none): the locator says where.
+RETAINED_START = -1
+
+
 def catchup_offset(method: str, query: Mapping[str, str], *, marked: bool) -> int | None:
     """The offset of a catch-up read this node may try to serve from locators; None: forward as usual.
 
-    ``marked``: the request carries a header that takes it out (already
-    forwarded, a bucket fan-out's sub-request, a client asking for a redirect).
+    ``RETAINED_START`` for a read from the earliest retained byte. ``marked``:
+    the request carries a header that takes it out (already forwarded, a
+    bucket fan-out's sub-request, a client asking for a redirect).
     """
     if marked or method != "GET" or "live" in query:
         return None
     raw = query.get("offset")
-    if raw is None:
-        return None
-    return parse_offset(raw)  # None for -1, now and anything malformed: the owner answers those
+    if raw is None or raw == "-1":
+        return RETAINED_START
+    return parse_offset(raw)  # None for now and anything malformed: the owner answers those
+
+
+def start_of(locator: Locator, offset: int) -> int:
+    """The stream position a read at ``offset`` (maybe ``RETAINED_START``) starts at, by this locator."""
+    return locator.retained_from if offset == RETAINED_START else offset
 
 
 def credential_key(authorization: str | None) -> bytes:
@@ -84,7 +102,7 @@ class LocatorCache:
         self.expired = 0  # locators dropped because their validity ended
 
     def get(self, key: CacheKey, offset: int, now: float) -> Locator | None:
-        """A valid locator that serves a read at ``offset`` (``servable_end``), or None."""
+        """A valid locator that serves a read at ``offset`` (or ``RETAINED_START``), or None."""
         found = self._entries.get(key)
         if found is None:
             return None
@@ -98,7 +116,7 @@ class LocatorCache:
         self._entries[key] = live
         self._entries.move_to_end(key)
         for loc, _ in live:
-            if servable_end(loc, offset) is not None:
+            if servable_end(loc, start_of(loc, offset)) is not None:
                 return loc
         return None
 

@@ -1,6 +1,6 @@
 """Catch-up reads of other nodes' streams, answered here from the object store (the shell).
 
-For a plain catch-up read at an explicit offset (``catchup.catchup_offset``)
+For a plain catch-up read (``catchup.catchup_offset``)
 of a stream whose shard another node owns, ``CatchupReads.serve``:
 
 1. looks for a valid cached locator for (stream, caller) that covers the
@@ -46,7 +46,7 @@ from tiered.streams.locators import (
     servable_end,
 )
 
-from .catchup import CacheKey, LocatorCache, catchup_offset, credential_key
+from .catchup import CacheKey, LocatorCache, catchup_offset, credential_key, start_of
 
 __all__ = ["SERVED_BY", "CatchupReads", "shard_object_key"]
 
@@ -145,7 +145,7 @@ class CatchupReads:
             self.counters["locators"] += 1
             self.cache.put(key, locator, sent_at, self.max_valid_s)
         try:
-            response = await self._answer(request, shard, locator, offset)
+            response = await self._answer(request, shard, locator, start_of(locator, offset))
         except ObjectNotFound:
             # Gone before the locator expired (an operator's GC without grace?): the owner knows better.
             self.cache.drop(key)

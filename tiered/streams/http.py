@@ -263,7 +263,7 @@ class StreamRoutes:
                     next_offset=format_offset(s.retained_from),
                 )
             offset = parsed
-        if live is None and offset_raw not in (None, "-1", "now"):
+        if live is None and offset_raw != "now":
             located = self._locator(request, s, v.tail, offset)
             if located is not None:
                 return located

@@ -75,6 +75,7 @@ class Locator(msgspec.Struct, frozen=True):
     cold_end: int  # ``pieces`` cover ``[start, cold_end)`` contiguously
     valid_ms: int
     pieces: tuple[ColdPiece, ...]
+    retained_from: int = 0  # where a read at offset -1 starts (as of issue)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -149,15 +150,15 @@ def build_locator(
     # Half the span before the offset too: readers that jump around (or several readers of one
     # stream) find one locator for the whole neighbourhood. Never below the retained start.
     lo = max(s.retained_from, offset - span // 2, 0)
-    found = _locate(state, s, lo, min(tail, lo + span), tail, chunk_bytes, valid_ms)
+    found = _locate(state, s, lo, min(tail, lo + span), chunk_bytes, tail, valid_ms)
     if found is not None and servable_end(found, offset) is not None:
         return found
-    found = _locate(state, s, offset, min(tail, offset + span), tail, chunk_bytes, valid_ms)
+    found = _locate(state, s, offset, min(tail, offset + span), chunk_bytes, tail, valid_ms)
     return found if found is not None and servable_end(found, offset) is not None else None
 
 
 def _locate(
-    state: StreamState, s: Stream, start: int, limit: int, tail: int, chunk_bytes: int, valid_ms: int
+    state: StreamState, s: Stream, start: int, limit: int, chunk_bytes: int, tail: int, valid_ms: int
 ) -> Locator | None:
     """The locator of the cold run from ``start`` on (up to ``limit`` and ``MAX_PIECES``); None if none."""
     pieces: list[ColdPiece] = []
@@ -176,4 +177,6 @@ def _locate(
         at = sl.end
     if at == start:
         return None
-    return Locator(s.uid, s.content_type, s.json, tail, chunk_bytes, start, at, valid_ms, tuple(pieces))
+    return Locator(
+        s.uid, s.content_type, s.json, tail, chunk_bytes, start, at, valid_ms, tuple(pieces), s.retained_from
+    )
