@@ -25,14 +25,16 @@ from typing import Any
 import boto3
 import pytest
 
+from tiered.cluster.shards import shard_of
 from tiered.cold.chunk_index import ChunkIndex
-from tiered.ids import format_offset, parse_offset
+from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset
 from tiered.streams.locators import LOCATOR_HEADER, decode_locator
 
 from .auth_support import ADMIN, OPERATOR, AuthServer, bearer
-from .cluster_support import cluster_args, cluster_env, readiness, unique_prefix
+from .cluster_support import cluster_args, cluster_env, readiness, start_node, unique_prefix, wait_served
 from .http_helpers import Headers, request, unique
 from .s3_server import S3Endpoint
+from .server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -298,6 +300,61 @@ def test_a_flipped_byte_in_the_cold_object_is_an_integrity_error_through_the_non
     assert b"DATA_DAMAGED" in body and headers.get("Tiered-Served-By") is None
     assert _get(owner.url + path, 0, reader)[0] == 502  # the owner says the same
     assert _catchup(other)["integrity_errors"] >= 1
+
+
+def test_object_store_durability_any_node_serves_the_others_cold_reads(
+    moto_s3: S3Endpoint, tmp_path: Path
+) -> None:
+    """Shards spread over both nodes (object-store durability rebalances): each serves the other's streams."""
+    prefix = unique_prefix("catchup-os")
+    extra = (
+        "--flush-interval-s", "0.2", "--flush-bytes", "1024", "--hot-retention-s", "0",
+        "--read-chunk-bytes", str(CHUNK),
+    )  # fmt: skip
+    nodes: list[ServerProcess] = []
+    try:
+        for name in ("n1", "n2"):
+            nodes.append(
+                start_node(
+                    tmp_path,
+                    moto_s3,
+                    prefix,
+                    name,
+                    shards=2,
+                    ttl_s=TTL,
+                    durability="object-store",
+                    extra=extra,
+                )
+            )
+        served = wait_served(nodes, 2, 30, every_node=True)
+        assert all(served) and not served[0] & served[1], served
+        streams: dict[int, str] = {}  # the owner's index -> a stream of a shard it serves
+        for _ in range(64):
+            name = unique("os")
+            owner = 0 if shard_of(DEFAULT_BUCKET, name, 2) in served[0] else 1
+            streams.setdefault(owner, name)
+            if len(streams) == 2:
+                break
+        payload = {i: os.urandom(3 * CHUNK + 123) for i in streams}
+        for i, name in streams.items():
+            url = f"{nodes[i].url}/v1/stream/{name}"
+            assert request("PUT", url, {"Content-Type": "application/octet-stream"})[0] == 201
+            assert request("POST", url, {"Content-Type": "application/octet-stream"}, payload[i])[0] == 204
+        for i, name in streams.items():
+            owner, other = nodes[i], nodes[1 - i]
+            deadline = time.monotonic() + 30
+            while True:
+                status, headers, body = _get(f"{other.url}/v1/stream/{name}", 0, {})
+                if headers.get("Tiered-Served-By") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert status == 200 and headers.get("Tiered-Served-By") == f"n{2 - i}", headers
+            want = _get(f"{owner.url}/v1/stream/{name}", 0, {})
+            assert (status, body, _protocol(headers)) == (want[0], want[2], _protocol(want[1]))
+            assert body == payload[i][:CHUNK]
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def _other_key() -> Any:
