@@ -27,6 +27,7 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node, open_store
 
 from .cas import ObjectStoreCas
+from .cold_reads import CatchupReads
 from .forward import Forwarder
 from .lease import LeaseTiming
 from .node_shell import ClusterNode, NodeConfig
@@ -53,6 +54,7 @@ class ClusterServer:
         self.started = False  # joined, and waited (bounded) for its first shards
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
@@ -60,6 +62,14 @@ class ClusterServer:
         self.advertise_url = c.cluster_advertise_url or advertise_url
         self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
         self.host.store = self.store
+        self.catchup = CatchupReads(
+            self.store,
+            self.clock,
+            self.node_id,
+            max_valid_s=c.locator_valid_ms / 1000,
+            cache_bytes=c.read_cache_bytes,
+            read_timeout_s=c.cold_read_timeout_s,
+        )
         timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
         self.node = ClusterNode(
             ObjectStoreCas(self.store),
@@ -185,4 +195,6 @@ class ClusterServer:
             "serving": sorted(serving),
             "durability": self.config.durability,
         }
+        if self.catchup is not None:
+            checks["catchup"] = self.catchup.stats()
         return joined, checks

@@ -23,6 +23,7 @@ from tiered.auth.http import AuthRoutes
 from tiered.buckets.http import BucketRoutes
 from tiered.groups.http import GroupRoutes
 from tiered.streams.http import StreamRoutes
+from tiered.streams.locators import LOCATOR_SPAN_BYTES
 from tiered.subscriptions.http import SubscriptionRoutes
 from tiered.tenants.http import TenantRoutes
 
@@ -80,6 +81,8 @@ def build_router(node: Node) -> Router:
         read_chunk_bytes=c.read_chunk_bytes,
         long_poll_timeout_s=c.long_poll_timeout_s,
         sse_max_connection_s=c.sse_max_connection_s,
+        locator_valid_ms=c.locator_valid_ms,
+        locator_span_bytes=LOCATOR_SPAN_BYTES,
     ).install(router)
     BucketRoutes(node.streams, guard).install(router)
     GroupRoutes(node.groups).install(router)

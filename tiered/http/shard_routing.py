@@ -25,6 +25,9 @@ whose retry decides.
 
 Requests without a shard key (health, readiness) are the node's own.
 
+A catch-up read of a stream owned elsewhere may be answered here from the
+object store, with cold locators the owner gave (``tiered/cluster/cold_reads.py``).
+
 A bucket create or erase goes to every shard (each engine must know the
 bucket before it accepts streams in it): the node the client reached sends
 one sub-request per shard, targeted with ``Tiered-Shard``, and answers with
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tiered.cluster.cold_reads import CatchupReads
 from tiered.cluster.forward import (
     FORWARDED_BY,
     REDIRECT_HEADER,
@@ -117,6 +121,15 @@ def shard_routing(
         return answers[home]
 
     async def to_shard(request: Request, shard: int) -> Response:
+        catchup: CatchupReads | None = getattr(cluster, "catchup", None)  # stand-in views have none
+        if catchup is not None and cluster.local_engine(shard) is None:
+            # A catch-up read below the cold frontier: answered here from the store (``cold_reads.py``).
+            answer = await catchup.serve(request, shard, lambda sub: send_to_shard(sub, shard))
+            if answer is not None:
+                return answer
+        return await send_to_shard(request, shard)
+
+    async def send_to_shard(request: Request, shard: int) -> Response:
         clock = cluster.clock
         config = cluster.config
         deadline = clock.monotonic() + config.cluster_lease_ttl_s + config.lease_margin_s
