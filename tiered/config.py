@@ -227,6 +227,11 @@ class Config:
     cluster_wal_interval_ms: int = setting(
         200, "object-store durability: how long appends of one shard are gathered into one WAL object"
     )
+    cluster_usage_interval_s: float = setting(
+        1.0,
+        "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
+        "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -303,6 +308,8 @@ class Config:
                 )
             if self.cluster_wal_interval_ms <= 0:
                 raise ConfigError("cluster_wal_interval_ms must be positive")
+            if not self.cluster_usage_interval_s > 0:
+                raise ConfigError("cluster_usage_interval_s must be positive")
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):
