@@ -28,6 +28,7 @@ from tiered.node import Node, open_store
 
 from .cas import ObjectStoreCas
 from .forward import Forwarder
+from .group_engine import ClusterEngine
 from .lease import LeaseTiming
 from .node_shell import ClusterNode, NodeConfig
 from .shard_host import ShardHost
@@ -45,7 +46,14 @@ class ClusterServer:
         self.clock: Clock = clock or SystemClock()
         self.node_id = config.cluster_node_id
         self.object_store = config.durability == "object-store"
-        self.host = ShardHost(config, self.node_id, self.clock, object_store=self.object_store)
+        self.host = ShardHost(
+            config,
+            self.node_id,
+            self.clock,
+            object_store=self.object_store,
+            # Each shard's groups see every shard's streams (group_engine.py).
+            engine_factory=lambda shard_config, clock: ClusterEngine(shard_config, clock, self),
+        )
         self.store: ObjectStore | None = None
         self.node: ClusterNode | None = None
         self.advertise_url = ""
