@@ -85,13 +85,17 @@ class GroupService:
         except TieredError as exc:
             raise TieredError(ErrorCode.UNAVAILABLE, exc.message) from None
 
-    async def _streams(self, buckets: Iterable[str], *, fresh: bool = False) -> StreamState:
-        """The streams decisions see: this engine's, or in cluster mode every shard's of ``buckets``."""
+    async def _streams(self, buckets: Iterable[str], *, fresh: bool = True) -> StreamState:
+        """The streams decisions see: this engine's, or in cluster mode every shard's of ``buckets``.
+
+        ``fresh``: as they are now (what a single server's decision sees); else
+        possibly a little older (heartbeats without commits, the sweeper).
+        """
         if self.directory is None:
             return self.state
         return await self.directory.view(self.state, buckets, fresh=fresh)
 
-    async def _streams_of(self, name: str, *, fresh: bool = False) -> StreamState:
+    async def _streams_of(self, name: str, *, fresh: bool = True) -> StreamState:
         g = self.groups.groups.get(name)
         return await self._streams([g.spec.bucket] if g is not None else [], fresh=fresh)
 
@@ -120,7 +124,7 @@ class GroupService:
         return bool(records), view
 
     async def describe(self, name: str) -> dict[str, Any]:
-        view = self._view(name, await self._streams_of(name, fresh=True))
+        view = self._view(name, await self._streams_of(name))
         await self._settled()
         return view
 
@@ -258,7 +262,7 @@ class GroupService:
         """Journal expirations and stream-set changes; returns how many plans."""
         if self.committer.journal.failed is not None:
             return 0
-        streams = await self._streams({g.spec.bucket for g in self.groups.groups.values()})
+        streams = await self._streams({g.spec.bucket for g in self.groups.groups.values()}, fresh=False)
         if self.committer.journal.failed is not None:
             return 0
         records = self.groups.decide_sweep(streams, self.clock.now_ms())

@@ -112,7 +112,8 @@ def shard_routing(
 
     def _sub(request: Request, shard: int, body: bytes) -> Request:
         """``request`` aimed at one shard's engine (``Tiered-Shard``), with its body already read."""
-        headers = {**dict(request.headers.items()), TARGET_SHARD: str(shard)}
+        headers = _Headers({k.lower(): v for k, v in request.headers.items()})
+        headers[TARGET_SHARD.lower()] = str(shard)
 
         async def read() -> bytes:
             return body
@@ -235,6 +236,19 @@ def shard_routing(
         return await forwarder.forward(request, owner[1], shard)
 
     return route
+
+
+class _Headers(dict[str, str]):
+    """A sub-request's headers: keys in lower case, looked up case-insensitively like a server's."""
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
 
 
 def _json(response: Response) -> object | None:
