@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tiered.cluster.placement import assignment
 from tiered.cluster.shards import shard_of
@@ -191,6 +192,12 @@ def test_listings_metrics_and_gc_answer_for_every_shard(nodes: dict[str, ServerP
     assert names == sorted(names) and {"default", bucket} <= set(names)
     assert set(listed["buckets"][0]) == {"name", "created_ms"}
 
+    # A bucket's settings go to every shard and read back from any node.
+    status, retention = call(m2, "PUT", f"/v1/admin/retention/{bucket}", {"retention_ms": 60000}, admin=True)
+    assert (status, retention) == (200, {"retention_ms": 60000, "retention_bytes": None})
+    status, access = call(m2, "PUT", f"/v1/admin/access/{bucket}", {"public_read": True}, admin=True)
+    assert status == 200 and call(m1, "GET", f"/v1/admin/access/{bucket}", admin=True) == (200, access)
+
     # Groups whose coordinators live in shards of both nodes, listed through either.
     groups = sorted([group_in(0), group_in(3)])
     for g in groups:
@@ -223,7 +230,10 @@ def test_listings_metrics_and_gc_answer_for_every_shard(nodes: dict[str, ServerP
     assert "process_cpu_seconds_total" in body and "tiered_cluster_forwarded_total" in body
     assert 'tiered_http_requests_total{route="/v1/groups",status="200"}' in body
     assert 'shard="0002"' in body and 'shard="0003"' in body and 'shard="0000"' not in body
-    assert body.count("# TYPE tiered_streams ") <= 1  # one family per name, samples labelled by shard
+    families = {f.name: f for f in text_string_to_metric_families(body)}  # a valid exposition
+    assert len(families) == body.count("# TYPE ")  # one family per name, samples labelled by shard
+    shards = {s.labels.get("shard") for f in families.values() for s in f.samples} - {None}
+    assert shards == {"0002", "0003"}
 
     # GC: one pass per shard, one report in a single server's shape.
     status, report = call(m1, "POST", "/v1/admin/gc?dry_run=true", admin=True)
