@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tiered.clock import SystemClock
-from tiered.cluster.cas import MemoryCasStore
+from tiered.cluster.cas import Fault, MemoryCasStore
 from tiered.cluster.metrics import merge_families
 from tiered.cluster.scatter import (
     Answer,
@@ -25,6 +25,7 @@ from tiered.cluster.scatter import (
     sum_json,
 )
 from tiered.cluster.usage import (
+    USAGE,
     Summary,
     UsageBoard,
     decode_summary,
@@ -349,6 +350,11 @@ def test_two_nodes_exchange_usage_through_the_store_and_feed_each_others_gates()
         e0, e1, e2 = _Engine({"b": (2, 10)}), _Engine({"b": (1, 5)}), _Engine({"b": (4, 1), "z": (0, 0)})
         one = UsageExchange(store, "n1", clock, lambda: {0: e0, 1: e1}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
         two = UsageExchange(store, "n2", clock, lambda: {2: e2}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
+        one.attach()
+        assert e0.gate.others is not None
+        with pytest.raises(TieredError) as unread:  # the others unknown yet: no size decision
+            e0.gate.others("b")
+        assert unread.value.code is ErrorCode.UNAVAILABLE
         await one.exchange()
         await two.exchange()
         await one.exchange()
@@ -393,3 +399,25 @@ def test_engine_families_merge_into_one_each_labelled_by_shard() -> None:
         ({"shard": "0000"}, 2),
         ({"shard": "0003"}, 5),
     ]
+
+
+def test_a_failed_read_or_publish_is_counted_and_the_next_pass_catches_up() -> None:
+    async def scenario() -> None:
+        store = MemoryCasStore()
+        clock = SystemClock()
+        e0, e1 = _Engine({"b": (1, 1)}), _Engine({"b": (2, 2)})
+        one = UsageExchange(store, "n1", clock, lambda: {0: e0}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
+        two = UsageExchange(store, "n2", clock, lambda: {1: e1}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
+        store.inject(Fault.UNAVAILABLE, USAGE)  # the listing fails: the publish still happens
+        await one.exchange()
+        assert (one.rounds, one.errors, one.read_once, one.published) == (0, 1, False, 1)
+        store.inject(Fault.CONFLICT_409, usage_key(1))  # the publish fails: the read still happens
+        await two.exchange()
+        assert (two.rounds, two.errors, two.read_once, two.published) == (0, 1, True, 0)
+        assert e1.gate.others is not None and e1.gate.others("b") == (1, 1)
+        await two.exchange()
+        await one.exchange()
+        assert (one.rounds, two.rounds) == (1, 1)
+        assert e0.gate.others is not None and e0.gate.others("b") == (2, 2)
+
+    asyncio.run(scenario())

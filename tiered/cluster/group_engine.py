@@ -1,10 +1,13 @@
-"""The shell of ``directory.py``: each shard's engine gets a directory of the other shards' streams.
+"""The engine of one shard in cluster mode: its groups and its quotas see every shard.
 
 ``ClusterEngine`` is the engine ``ShardHost`` runs per shard in cluster mode:
 a single-node engine whose group coordinator decides on every shard's
-streams. The directory is attached while the engine is composed, before its
-group sweeper can run, so no plan is ever made on this shard's streams alone
-(that plan would drop the cursors of every stream elsewhere).
+streams (``directory.py``) and whose quota gate counts the other shards'
+usage (``usage_shell.py``). Both are attached while the engine is composed,
+before it serves and before its group sweeper can run, so no plan is ever
+made on this shard's streams alone (that plan would drop the cursors of
+every stream elsewhere) and no write is admitted against this shard's usage
+alone.
 
 Another shard is asked through its engine when it is served here, else with
 ``GET /v1/cluster/shards/{shard}/streams?bucket=B`` to its owner (the node
@@ -63,6 +66,8 @@ class ClusterEngine(Node):
             return await ask_shard(cluster, shard, bucket)
 
         self.groups.directory = ShardDirectory(self.shard, cluster.shard_count, ask, self.clock)
+        if cluster.usage is not None:  # bucket-wide quotas from the first write on (usage_shell.py)
+            cluster.usage.attach_engine(self.shard, self)
 
 
 async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
