@@ -70,10 +70,12 @@ class TenantGate:
         _, quotas, unlimited = self._lookup(bucket)
         if unlimited:
             return
+        sized = quotas.max_streams is not None or quotas.max_retained_bytes is not None
+        # Not a refusal by a quota when the other shards' usage is unknown (cluster mode): raised as it is.
+        others = self.others(bucket) if sized and self.others is not None else (0, 0)
         try:
             q.check_body(quotas, body_bytes)
-            if quotas.max_streams is not None or quotas.max_retained_bytes is not None:
-                others = self.others(bucket) if self.others is not None else (0, 0)
+            if sized:
                 q.check_sizes(quotas, self.footprint.totals(bucket), others, new_streams, stored_bytes)
         except TieredError as exc:
             self._refused(bucket, str(exc.context.get("quota")))
