@@ -232,6 +232,11 @@ class Config:
         "how long a node may answer catch-up reads of another node's stream from the object store with the "
         "cold locators the owner gave it (0: always forward; at most half of gc_grace_s)",
     )
+    cluster_usage_interval_s: float = setting(
+        1.0,
+        "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
+        "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -310,6 +315,8 @@ class Config:
                 raise ConfigError("cluster_wal_interval_ms must be positive")
             if self.cluster_locator_ttl_s < 0:
                 raise ConfigError("cluster_locator_ttl_s must not be negative (0: off)")
+            if not self.cluster_usage_interval_s > 0:
+                raise ConfigError("cluster_usage_interval_s must be positive")
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):

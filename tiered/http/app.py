@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tiered.admin.http import AdminRoutes
+from tiered.admin.http import METRICS_CONTENT_TYPE, AdminRoutes
 from tiered.auth.http import AuthRoutes
 from tiered.buckets.http import BucketRoutes
+from tiered.cluster.group_engine import STREAMS_ROUTE, serve_streams
+from tiered.cluster.metrics import ClusterMetrics
 from tiered.groups.http import GroupRoutes
 from tiered.streams.http import StreamRoutes
 from tiered.streams.locators import LOCATOR_SPAN_BYTES
@@ -63,10 +65,22 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
         ok, checks = cluster.readiness()
         return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
 
+    metrics = ClusterMetrics(cluster)
+    guard = AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only)
+
+    async def exposition(request: Request) -> Response:
+        return Response(200, {"Content-Type": METRICS_CONTENT_TYPE}, metrics.exposition())
+
     node_router.add("GET", "/healthz", health)
     node_router.add("GET", "/readyz", ready)
+
+    async def shard_streams(request: Request) -> Response:
+        return await serve_streams(cluster, request)
+
+    node_router.add("GET", "/metrics", guard(exposition))
+    node_router.add("GET", STREAMS_ROUTE, guard(shard_streams))
     routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
-    return request_ids(security_headers(cors_preflight(map_errors(routed))))
+    return request_ids(security_headers(cors_preflight(map_errors(routed))), on_answer=metrics.count_answer)
 
 
 def build_router(node: Node) -> Router:
