@@ -90,7 +90,16 @@ def get_json(url: str) -> dict[str, Any]:
 
 
 class NodeProc:
-    def __init__(self, base: Path, node: str, s3_url: str, prefix: str, args: argparse.Namespace, mode: str):
+    def __init__(
+        self,
+        base: Path,
+        node: str,
+        s3_url: str,
+        prefix: str,
+        args: argparse.Namespace,
+        mode: str,
+        extra: tuple[str, ...] = (),
+    ):
         self.node = node
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -103,6 +112,7 @@ class NodeProc:
             "--cluster-node-id", node, "--cluster-shards", str(args.shards),
             "--cluster-lease-ttl-s", str(args.ttl), "--durability", mode,
             "--cluster-wal-interval-ms", str(args.wal_interval_ms), "--log-level", "warning",
+            *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True

@@ -2,8 +2,9 @@
 
 httpx with the ``h2`` stack negotiates HTTP/2 by ALPN over TLS, and speaks it by
 prior knowledge over cleartext. Everything is byte-exact: appends and reads,
-many concurrent SSE readers multiplexed on one connection, long-poll, error
-bodies; and HTTP/1.1 clients still work on the same TLS port.
+many concurrent SSE readers multiplexed on one connection (with
+tests/h2_client.py, one reader task per connection), long-poll, error bodies;
+and HTTP/1.1 clients still work on the same TLS port.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.h2_client import H2Connection
 from tests.http_helpers import unique
 from tests.server_process import ServerProcess
 
@@ -129,43 +131,54 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(tls: TlsServer)
 
 
 def test_many_sse_readers_share_one_http2_connection(tls: TlsServer) -> None:
-    url = f"{tls.url}/v1/stream/{unique('sse')}"
+    """50 SSE readers and the appends that feed them, all streams of ONE HTTP/2 connection.
+
+    The client is tests/h2_client.py (one task reads the connection), not httpx:
+    httpcore's shared read lock can hold a POST's finished response behind an idle
+    SSE stream's socket read until the next keep-alive (see that module).
+    """
+    path = f"/v1/stream/{unique('sse')}"
     readers = 50
     messages = [f"event {i} ".encode() * (i + 1) for i in range(5)]
+    text = {"content-type": "text/plain"}
 
-    async def main() -> list[bytes]:
-        async with httpx.AsyncClient(http2=True, verify=tls.ssl_context(), timeout=20) as c:
-            assert (await c.put(url, headers={"Content-Type": "text/plain"})).status_code == 201
-            started = asyncio.Event()
-            ready = 0
+    async def main() -> tuple[list[bytes], list[int], int]:
+        async with H2Connection("127.0.0.1", tls.port, tls.ssl_context()) as conn:
+            assert (await conn.request("PUT", path, text)).status == 201
+            all_open = asyncio.Event()
+            opened = 0
 
             async def read_one() -> bytes:
-                nonlocal ready
-                got = b""
-                async with c.stream("GET", url, params={"offset": "-1", "live": "sse"}) as r:
-                    assert r.status_code == 200 and r.http_version == "HTTP/2"
-                    ready += 1
-                    if ready == readers:
-                        started.set()
-                    event = ""
-                    async for line in r.aiter_lines():
-                        if line.startswith("event:"):
-                            event = line[6:].strip()
-                        elif line.startswith("data:") and event == "data":
-                            got += line[5:].removeprefix(" ").encode()
-                            if got == b"".join(messages):
-                                return got
+                nonlocal opened
+                got, buf, event = b"", b"", ""
+                async with conn.stream("GET", f"{path}?offset=-1&live=sse") as (head, body):
+                    assert head.status == 200
+                    assert head.headers["content-type"].startswith("text/event-stream")
+                    opened += 1
+                    if opened == readers:
+                        all_open.set()
+                    async for chunk in body:
+                        buf += chunk
+                        *lines, buf = buf.split(b"\n")
+                        for line in lines:
+                            if line.startswith(b"event:"):
+                                event = line[6:].strip().decode()
+                            elif line.startswith(b"data:") and event == "data":
+                                got += line[5:].removeprefix(b" ")
+                                if got == b"".join(messages):
+                                    return got
                 return got
 
             tasks = [asyncio.create_task(read_one()) for _ in range(readers)]
-            await asyncio.wait_for(started.wait(), 15)
-            for m in messages:
-                r = await c.post(url, content=m, headers={"Content-Type": "text/plain"})
-                assert r.status_code == 204
-            return await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            await asyncio.wait_for(all_open.wait(), 30)
+            statuses = [(await conn.request("POST", path, text, m)).status for m in messages]
+            got = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            return got, statuses, conn.streams_opened
 
-    got = asyncio.run(main())
+    got, statuses, streams = asyncio.run(main())
+    assert statuses == [204] * len(messages)
     assert got == [b"".join(messages)] * readers
+    assert streams == 1 + readers + len(messages)  # every request a stream of the one connection
 
 
 def test_long_poll_over_http2_wakes_on_append(tls: TlsServer) -> None:

@@ -227,6 +227,16 @@ class Config:
     cluster_wal_interval_ms: int = setting(
         200, "object-store durability: how long appends of one shard are gathered into one WAL object"
     )
+    cluster_locator_ttl_s: float = setting(
+        5.0,
+        "how long a node may answer catch-up reads of another node's stream from the object store with the "
+        "cold locators the owner gave it (0: always forward; at most half of gc_grace_s)",
+    )
+    cluster_usage_interval_s: float = setting(
+        1.0,
+        "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
+        "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -303,6 +313,10 @@ class Config:
                 )
             if self.cluster_wal_interval_ms <= 0:
                 raise ConfigError("cluster_wal_interval_ms must be positive")
+            if self.cluster_locator_ttl_s < 0:
+                raise ConfigError("cluster_locator_ttl_s must not be negative (0: off)")
+            if not self.cluster_usage_interval_s > 0:
+                raise ConfigError("cluster_usage_interval_s must be positive")
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):
@@ -338,6 +352,13 @@ class Config:
     def lease_margin_s(self) -> float:
         """The lease margin in effect (``cluster_lease_margin_s``, or a fifth of the TTL)."""
         return self.cluster_lease_margin_s or self.cluster_lease_ttl_s / 5
+
+    @property
+    def locator_valid_ms(self) -> int:
+        """How long a cold locator may be used (cluster mode): below the GC grace, which keeps its objects."""
+        if not self.cluster_node_id:
+            return 0
+        return int(min(self.cluster_locator_ttl_s, self.gc_grace_s / 2) * 1000)
 
     @property
     def s3_addressing(self) -> str:

@@ -10,6 +10,7 @@ accept any request and send it where its shard is served. The key is the
 | ``/v1/buckets/{bucket}/stream/{path}`` | ``(bucket, path)`` |
 | ``/v1/buckets/{bucket}`` | ``(bucket, "")``: the bucket's well-known shard |
 | ``/v1/admin/retention/{bucket}[/{path}]``, ``/v1/admin/retain/{bucket}/{path}`` | as the stream or bucket |
+| ``/v1/admin/quotas/{bucket}``, ``/v1/admin/access/{bucket}`` | ``(bucket, "")`` (a ``PUT`` goes to every shard) |
 | ``/v1/groups/{group}[/...]`` | ``(default, "__groups/" + group)`` |
 | ``/v1/stream/__ds/...`` (subscriptions) | ``(default, "__ds")``: one well-known shard |
 
@@ -34,6 +35,8 @@ _GROUPS = "/v1/groups/"
 _RETENTION = "/v1/admin/retention/"
 _RETAIN = "/v1/admin/retain/"
 _CONTROL = "/v1/stream/__ds"
+_QUOTAS = "/v1/admin/quotas/"
+_ACCESS = "/v1/admin/access/"
 
 SUBSCRIPTIONS_KEY = (DEFAULT_BUCKET, "__ds")
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -64,6 +67,10 @@ def route_key(path: str) -> tuple[str, str] | None:
     if path.startswith(_GROUPS):
         group = path[len(_GROUPS) :].split("/", 1)[0]
         return (DEFAULT_BUCKET, "__groups/" + _decode(group)) if group else None
+    for prefix in (_QUOTAS, _ACCESS):
+        if path.startswith(prefix):
+            bucket = path[len(prefix) :]
+            return (_decode(bucket), "") if bucket and "/" not in bucket else None
     for prefix in (_RETENTION, _RETAIN):
         if path.startswith(prefix):
             bucket, _, tail = path[len(prefix) :].partition("/")

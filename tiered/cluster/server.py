@@ -28,11 +28,14 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node, open_store
 
 from .cas import ObjectStoreCas
+from .cold_reads import CatchupReads
 from .forward import Forwarder
+from .group_engine import ClusterEngine
 from .lease import LeaseTiming
 from .node_shell import ClusterNode, NodeConfig
 from .shard_host import ShardHost
 from .shards import shard_of
+from .usage_shell import UsageExchange
 
 __all__ = ["ClusterServer"]
 
@@ -45,7 +48,14 @@ class ClusterServer:
         self.clock: Clock = clock or SystemClock()
         self.node_id = config.cluster_node_id
         self.object_store = config.durability == "object-store"
-        self.host = ShardHost(config, self.node_id, self.clock, object_store=self.object_store)
+        self.host = ShardHost(
+            config,
+            self.node_id,
+            self.clock,
+            object_store=self.object_store,
+            # Each shard's groups see every shard's streams (group_engine.py).
+            engine_factory=lambda shard_config, clock: ClusterEngine(shard_config, clock, self),
+        )
         self.store: ObjectStore | None = None
         self.node: ClusterNode | None = None
         self.advertise_url = ""
@@ -57,6 +67,9 @@ class ClusterServer:
         # Background jobs other parts of the node add before ``start`` (the subscription feeds), stopped with it.
         self.side_jobs: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
         self._side: list[asyncio.Task[None]] = []
+        self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
+        self.usage: UsageExchange | None = None  # bucket-wide quotas: every shard's usage (usage.py)
+        self._usage_loop: asyncio.Task[None] | None = None
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
@@ -64,6 +77,14 @@ class ClusterServer:
         self.advertise_url = c.cluster_advertise_url or advertise_url
         self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
         self.host.store = self.store
+        self.catchup = CatchupReads(
+            self.store,
+            self.clock,
+            self.node_id,
+            max_valid_s=c.locator_valid_ms / 1000,
+            cache_bytes=c.read_cache_bytes,
+            read_timeout_s=c.cold_read_timeout_s,
+        )
         timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
         self.node = ClusterNode(
             ObjectStoreCas(self.store),
@@ -81,6 +102,15 @@ class ClusterServer:
         self.host.cluster = self.node
         self._loop = asyncio.get_running_loop().create_task(self.node.run(self._stop))
         self._side = [asyncio.get_running_loop().create_task(job(self._stop)) for job in self.side_jobs]
+        self.usage = UsageExchange(
+            ObjectStoreCas(self.store),
+            self.node_id,
+            self.clock,
+            self.served_engines,
+            lambda shard: self.local_engine(shard) is not None,
+            interval_s=c.cluster_usage_interval_s,
+        )
+        self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
@@ -108,6 +138,8 @@ class ClusterServer:
     async def stop(self) -> None:
         """Hand every shard off (flushing each), mark the node stopped, close the engines and the store."""
         self._stop.set()
+        if self._usage_loop is not None:
+            await self._usage_loop
         if self._loop is not None:
             try:
                 await self._loop
@@ -152,6 +184,10 @@ class ClusterServer:
             return None
         return engine
 
+    def served_engines(self) -> dict[int, Node]:
+        """Every shard's engine this node may acknowledge in now."""
+        return {s: e for s in list(self.host.engines) if (e := self.local_engine(s)) is not None}
+
     def check_acknowledge(self, shard: int) -> None:
         """Raise (``SHARD_NOT_OWNED``: 503) unless this node may acknowledge a write in ``shard`` now."""
         if self.node is None:
@@ -192,5 +228,8 @@ class ClusterServer:
             "incarnation": node.incarnation if node is not None else 0,
             "serving": sorted(serving),
             "durability": self.config.durability,
+            "usage_rounds": self.usage.rounds if self.usage is not None else 0,
         }
+        if self.catchup is not None:
+            checks["catchup"] = self.catchup.stats()
         return joined, checks

@@ -60,6 +60,7 @@ from tiered.streams.records import Appended, BucketErased, StreamCreated, Stream
 from tiered.subscriptions.state import is_reserved
 
 from .routing import SUBSCRIPTIONS_KEY, route_key
+from .subrequest import internal_request
 
 __all__ = ["FEED_PATH", "FEED_SYNC_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds", "defines_links"]
 
@@ -283,12 +284,8 @@ class FeedSender:
         if self.auth:
             headers["Authorization"] = f"Bearer {self.auth}"
         body = msgspec.json.encode(batch)
-
-        async def read() -> bytes:
-            return body
-
         try:
-            response = await self.send(Request("POST", FEED_PATH, "", headers, read), self.target())
+            response = await self.send(internal_request("POST", FEED_PATH, headers, body), self.target())
             if response.status != 200 or not isinstance(response.body, bytes):
                 raise TieredError(
                     ErrorCode.UNAVAILABLE, f"the subscriptions' shard answered {response.status}"
@@ -432,11 +429,8 @@ class SubscriptionFeeds:
         if self.admin_token:
             headers["Authorization"] = f"Bearer {self.admin_token}"
 
-        async def empty() -> bytes:
-            return b""
-
         async def one(shard: int) -> None:
-            request = Request("POST", FEED_SYNC_PATH, "", {**headers, TARGET_SHARD: str(shard)}, empty)
+            request = internal_request("POST", FEED_SYNC_PATH, {**headers, TARGET_SHARD: str(shard)})
             try:
                 await asyncio.wait_for(send(request, shard), NOTIFY_TIMEOUT_S)
             except (TieredError, TimeoutError) as exc:
@@ -464,12 +458,9 @@ class SubscriptionFeeds:
         if self.admin_token:
             headers["Authorization"] = f"Bearer {self.admin_token}"
 
-        async def read() -> bytes:
-            return event
-
         try:
             response = await self.send(
-                Request("POST", "/v1/stream/" + quote(path, safe="/"), "", headers, read),
+                internal_request("POST", "/v1/stream/" + quote(path, safe="/"), headers, event),
                 self.shard_of(DEFAULT_BUCKET, path),
             )
         except TieredError as exc:

@@ -50,6 +50,7 @@ from tiered.streams.model import ForkCopy, ForkRequest
 from tiered.streams.protocol import parse_expires_at
 
 from .shards import shard_of
+from .subrequest import internal_request
 
 __all__ = ["PIN_PREFIX", "CrossShardForks", "pin_name"]
 
@@ -140,11 +141,9 @@ class CrossShardForks:
     async def _call(
         self, method: str, bucket: str, path: str, shard: int, headers: dict[str, str], query: str = ""
     ) -> Response:
-        async def empty() -> bytes:
-            return b""
-
-        request = Request(method, _stream_url(bucket, path), query, headers, empty)
-        return await self.send(request, shard)
+        return await self.send(
+            internal_request(method, _stream_url(bucket, path), headers, query=query), shard
+        )
 
     def _pin(self, fork: tuple[str, str], source: tuple[str, str]) -> tuple[str, int]:
         count = self.shard_count()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from tiered.clock import Clock
 from tiered.errors import ErrorCode, TieredError
@@ -37,6 +37,12 @@ def rejected_json(items: list[Rejected]) -> list[dict[str, str]]:
     return [{"stream": r.stream, "code": r.code, "message": r.message} for r in items]
 
 
+class StreamDirectory(Protocol):
+    """Cluster mode: the streams of other shards too (``tiered/cluster/directory.py``)."""
+
+    async def view(self, local: StreamState, buckets: Iterable[str], *, fresh: bool) -> StreamState: ...
+
+
 class GroupService:
     def __init__(
         self,
@@ -56,6 +62,8 @@ class GroupService:
         self.sweep_interval_s = sweep_interval_s
         self.closing = False
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        #: Cluster mode: decisions see every shard's streams of the group's bucket, not only this shard's.
+        self.directory: StreamDirectory | None = None
 
     # ------------------------------------------------------------- plumbing
 
@@ -77,9 +85,27 @@ class GroupService:
         except TieredError as exc:
             raise TieredError(ErrorCode.UNAVAILABLE, exc.message) from None
 
-    def _view(self, name: str) -> dict[str, Any]:
+    async def _streams(self, buckets: Iterable[str], *, fresh: bool = True) -> StreamState:
+        """The streams decisions see: this engine's, or in cluster mode every shard's of ``buckets``.
+
+        ``fresh``: as they are now (what a single server's decision sees); else
+        possibly a little older (heartbeats without commits, the sweeper).
+        """
+        if self.directory is None:
+            return self.state
+        return await self.directory.view(self.state, buckets, fresh=fresh)
+
+    async def _streams_of(self, name: str, *, fresh: bool = True) -> StreamState:
+        g = self.groups.groups.get(name)
+        return await self._streams([g.spec.bucket] if g is not None else [], fresh=fresh)
+
+    def _view(self, name: str, streams: StreamState | None = None) -> dict[str, Any]:
         return views.group_view(
-            self.groups, name, self.state, self.clock.now_ms(), lambda s: self.visibility.view(s).tail
+            self.groups,
+            name,
+            streams if streams is not None else self.state,
+            self.clock.now_ms(),
+            lambda s: self.visibility.view(s).tail,
         )
 
     # ------------------------------------------------------------- groups
@@ -90,14 +116,15 @@ class GroupService:
         return summary
 
     async def create(self, name: str, spec: GroupSpec) -> tuple[bool, dict[str, Any]]:
-        records = self.groups.decide_create(name, spec, self.state, self.clock.now_ms())
+        streams = await self._streams([spec.bucket])
+        records = self.groups.decide_create(name, spec, streams, self.clock.now_ms())
         await self._commit(records)
-        view = self._view(name)
+        view = self._view(name, streams)
         await self._settled()  # an identical create may still be on its way to disk
         return bool(records), view
 
     async def describe(self, name: str) -> dict[str, Any]:
-        view = self._view(name)
+        view = self._view(name, await self._streams_of(name))
         await self._settled()
         return view
 
@@ -118,10 +145,11 @@ class GroupService:
         revision: int | None,
         op_id: str | None,
     ) -> dict[str, Any]:
+        streams = await self._streams_of(name)
         records = self.groups.decide_link(
             name,
             paths,
-            self.state,
+            streams,
             self.clock.now_ms(),
             unlink=unlink,
             incarnation=incarnation,
@@ -129,14 +157,15 @@ class GroupService:
             op_id=op_id,
         )
         await self._commit(records)
-        view = self._view(name)
+        view = self._view(name, streams)
         await self._settled()
         return view
 
     # ------------------------------------------------------------- members
 
     async def join(self, name: str, member: str, join_id: str) -> dict[str, Any]:
-        records = self.groups.decide_join(name, member, join_id, self.state, self.clock.now_ms())
+        streams = await self._streams_of(name)
+        records = self.groups.decide_join(name, member, join_id, streams, self.clock.now_ms())
         await self._commit(records)
         view = views.member_view(self.groups, name, member)
         await self._settled()
@@ -156,9 +185,10 @@ class GroupService:
     ) -> dict[str, Any]:
         """Commit, release, stay alive; with ``revision`` and ``wait_ms``, park while the plan is unchanged."""
         groups = self.groups
+        streams = await self._streams_of(name, fresh=bool(commits))  # commits are checked against tails
         now = self.clock.now_ms()
         records, rejected = groups.decide_heartbeat(
-            name, incarnation, member, generation, commits, releases, self.state, now, op=op_id
+            name, incarnation, member, generation, commits, releases, streams, now, op=op_id
         )
         groups.touch(name, incarnation, member, generation, now)
         await self._commit(records)
@@ -177,8 +207,9 @@ class GroupService:
     async def leave(
         self, name: str, member: str, incarnation: int, generation: int, commits: list[CommitRequest]
     ) -> dict[str, Any]:
+        streams = await self._streams_of(name, fresh=bool(commits))
         records, rejected, was_member = self.groups.decide_leave(
-            name, incarnation, member, generation, commits, self.state, self.clock.now_ms()
+            name, incarnation, member, generation, commits, streams, self.clock.now_ms()
         )
         await self._commit(records)
         await self._settled()
@@ -231,7 +262,10 @@ class GroupService:
         """Journal expirations and stream-set changes; returns how many plans."""
         if self.committer.journal.failed is not None:
             return 0
-        records = self.groups.decide_sweep(self.state, self.clock.now_ms())
+        streams = await self._streams({g.spec.bucket for g in self.groups.groups.values()}, fresh=False)
+        if self.committer.journal.failed is not None:
+            return 0
+        records = self.groups.decide_sweep(streams, self.clock.now_ms())
         await self._commit(records)
         return len(records)
 

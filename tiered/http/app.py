@@ -18,11 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tiered.admin.http import AdminRoutes
+from tiered.admin.http import METRICS_CONTENT_TYPE, AdminRoutes
 from tiered.auth.http import AuthRoutes
 from tiered.buckets.http import BucketRoutes
+from tiered.cluster.group_engine import STREAMS_ROUTE, serve_streams
+from tiered.cluster.metrics import ClusterMetrics
 from tiered.groups.http import GroupRoutes
 from tiered.streams.http import StreamRoutes
+from tiered.streams.locators import LOCATOR_SPAN_BYTES
 from tiered.subscriptions.http import SubscriptionRoutes
 from tiered.tenants.http import TenantRoutes
 
@@ -62,10 +65,22 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
         ok, checks = cluster.readiness()
         return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
 
+    metrics = ClusterMetrics(cluster)
+    guard = AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only)
+
+    async def exposition(request: Request) -> Response:
+        return Response(200, {"Content-Type": METRICS_CONTENT_TYPE}, metrics.exposition())
+
     node_router.add("GET", "/healthz", health)
     node_router.add("GET", "/readyz", ready)
+
+    async def shard_streams(request: Request) -> Response:
+        return await serve_streams(cluster, request)
+
+    node_router.add("GET", "/metrics", guard(exposition))
+    node_router.add("GET", STREAMS_ROUTE, guard(shard_streams))
     routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
-    return request_ids(security_headers(cors_preflight(map_errors(routed))))
+    return request_ids(security_headers(cors_preflight(map_errors(routed))), on_answer=metrics.count_answer)
 
 
 def build_router(node: Node) -> Router:
@@ -80,6 +95,8 @@ def build_router(node: Node) -> Router:
         read_chunk_bytes=c.read_chunk_bytes,
         long_poll_timeout_s=c.long_poll_timeout_s,
         sse_max_connection_s=c.sse_max_connection_s,
+        locator_valid_ms=c.locator_valid_ms,
+        locator_span_bytes=LOCATOR_SPAN_BYTES,
     ).install(router)
     BucketRoutes(node.streams, guard).install(router)
     GroupRoutes(node.groups).install(router)

@@ -23,13 +23,21 @@ never left this node (the connection was refused). A plain write the old owner
 may have seen is never resent: its 503 (``Retry-After``) goes to the client,
 whose retry decides.
 
-Requests without a shard key (health, readiness) are the node's own.
+Requests without a shard key (health, readiness, ``/metrics``) are the node's own.
+
+A catch-up read of a stream owned elsewhere may be answered here from the
+object store, with cold locators the owner gave (``tiered/cluster/cold_reads.py``).
 
 A bucket create or erase goes to every shard (each engine must know the
 bucket before it accepts streams in it): the node the client reached sends
 one sub-request per shard, targeted with ``Tiered-Shard``, and answers with
 the bucket's well-known shard's answer once every shard said yes (the first
-refusal otherwise; creating is idempotent, so a retry completes it).
+refusal otherwise; creating is idempotent, so a retry completes it). So do
+a bucket's quotas, access and retention (``PUT``): every shard enforces them.
+
+Listings, a bucket's description and usage, and GC runs are answered by
+every shard at once (``Tiered-Shard`` sub-requests, concurrently) and merged
+into a single server's body (``tiered/cluster/scatter.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import msgspec
+
+from tiered.cluster.cold_reads import CatchupReads
 from tiered.cluster.forward import (
     FORWARDED_BY,
     REDIRECT_HEADER,
@@ -46,6 +57,7 @@ from tiered.cluster.forward import (
     moved_away,
 )
 from tiered.cluster.routing import bucket_write, is_write, route_key
+from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.sub_feed import FEED_PATH, FEED_SYNC_PATH, SubscriptionFeeds, defines_links
 from tiered.cluster.xfork import CrossShardForks
@@ -53,7 +65,7 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node
 
 from .router import normalize_path
-from .types import Handler, Request, Response
+from .types import Handler, Request, Response, json_response
 
 __all__ = ["FORWARD_TRIES", "TARGET_SHARD", "shard_routing"]
 
@@ -92,54 +104,95 @@ def shard_routing(
         path = normalize_path(request.path)
         if path == FEED_SYNC_PATH:
             return await feed_sync(request)
+        plan = scatter_plan(request.method, path)
+        if plan is not None:
+            target = request.headers.get(TARGET_SHARD)
+            if target is None:
+                return await gather(request, plan)
+            return await to_shard(request, _target(target))
         key = route_key(path)
-        if key is None:
-            return await node_routes(request)
-        bucket = bucket_write(request.method, path)
+        bucket = bucket_write(request.method, path) or bucket_wide_write(request.method, path)
         if bucket is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
                 return await fan_out(request, cluster.shard_of(bucket, ""))
-            if not target.isdigit() or int(target) >= cluster.shard_count():
-                raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
-            return await to_shard(request, int(target))
+            return await to_shard(request, _target(target))
+        if key is None:
+            return await node_routes(request)
         return await to_shard(request, cluster.shard_of(*key))
 
     async def feed_sync(request: Request) -> Response:
         """A subscription feed sync (``sub_feed.FEED_SYNC_PATH``) for the shard ``Tiered-Shard`` names."""
-        target = request.headers.get(TARGET_SHARD) or ""
-        if not target.isdigit() or int(target) >= cluster.shard_count():
-            raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
-        shard = int(target)
+        shard = _target(request.headers.get(TARGET_SHARD) or "")
         engine = cluster.local_engine(shard)
         if engine is None:
             return await to_shard(request, shard)  # to its owner, which serves it as above
         return await feeds.sync(shard, engine, request)
 
+    def _target(target: str) -> int:
+        if not target.isdigit() or int(target) >= cluster.shard_count():
+            raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
+        return int(target)
+
+    def _sub(request: Request, shard: int, body: bytes) -> Request:
+        """``request`` aimed at one shard's engine (``Tiered-Shard``), with its body already read."""
+        headers = _Headers({k.lower(): v for k, v in request.headers.items()})
+        headers[TARGET_SHARD.lower()] = str(shard)
+
+        async def read() -> bytes:
+            return body
+
+        return Request(
+            request.method,
+            request.path,
+            request.query_string,
+            headers,
+            read,
+            scheme=request.scheme,
+            host=request.host,
+        )
+
+    async def gather(request: Request, plan: ScatterPlan) -> Response:
+        """Ask every shard at once, then merge their answers into one (``tiered/cluster/scatter.py``)."""
+        body = await request.body()
+        shards = range(cluster.shard_count())
+        got = await asyncio.gather(
+            *(to_shard(_sub(request, shard, body), shard) for shard in shards), return_exceptions=True
+        )
+        for outcome in got:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        responses = [r for r in got if isinstance(r, Response)]
+        answers = [Answer(shard, r.status, _json(r)) for shard, r in zip(shards, responses, strict=True)]
+        refused = refusal(answers, plan)
+        if refused is not None:
+            return responses[refused.shard]
+        if any(a.body is None for a in answers):
+            raise TieredError(
+                ErrorCode.UNAVAILABLE, "a shard answered without a JSON body; retry", retry_after_s=1
+            )
+        status, merged = plan.merge(answers, lambda bucket: cluster.shard_of(bucket, ""))
+        return json_response(merged, status, dict(plan.headers))
+
     async def fan_out(request: Request, home: int) -> Response:
         body = await request.body()
         answers: dict[int, Response] = {}
         for shard in range(cluster.shard_count()):
-            headers = {**dict(request.headers.items()), TARGET_SHARD: str(shard)}
-
-            async def read(body: bytes = body) -> bytes:
-                return body
-
-            sub = Request(
-                request.method,
-                request.path,
-                request.query_string,
-                headers,
-                read,
-                scheme=request.scheme,
-                host=request.host,
-            )
-            answers[shard] = answer = await to_shard(sub, shard)
+            answers[shard] = answer = await to_shard(_sub(request, shard, body), shard)
             if answer.status >= 300:
                 return answer
         return answers[home]
 
     async def to_shard(request: Request, shard: int) -> Response:
+        catchup: CatchupReads | None = getattr(cluster, "catchup", None)  # stand-in views have none
+        if catchup is not None and cluster.local_engine(shard) is None:
+            # A catch-up read below the cold frontier: answered here from the store (``cold_reads.py``).
+            answer = await catchup.serve(request, shard, lambda sub: send_to_shard(sub, shard))
+            if answer is not None:
+                return answer
+        return await send_to_shard(request, shard)
+
+    async def send_to_shard(request: Request, shard: int) -> Response:
         clock = cluster.clock
         config = cluster.config
         deadline = clock.monotonic() + config.cluster_lease_ttl_s + config.lease_margin_s
@@ -200,9 +253,8 @@ def shard_routing(
             return await feeds.handle(shard, engine, request)
         links = defines_links(request.method, normalize_path(request.path))
         if links:
-            await (
-                feeds.barrier()
-            )  # other shards' recent writes reported: the subscription links them at their tails
+            # Other shards' recent writes reported first: the subscription links them at their tails.
+            await feeds.barrier()
         response = await handler_of(shard, engine)(request)
         if links and response.status < 300:
             await feeds.barrier()  # from now on, other shards' writes wait for their reports
@@ -228,3 +280,27 @@ def shard_routing(
 
     feeds.send = to_shard
     return route
+
+
+class _Headers(dict[str, str]):
+    """A sub-request's headers: keys in lower case, looked up case-insensitively like a server's."""
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
+
+
+def _json(response: Response) -> object | None:
+    """A shard's answer body decoded, or None (a streamed or non-JSON body: not mergeable)."""
+    if not isinstance(response.body, bytes):
+        return None
+    try:
+        decoded: object = msgspec.json.decode(response.body)
+    except msgspec.DecodeError:
+        return None
+    return decoded

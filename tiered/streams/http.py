@@ -22,6 +22,7 @@ from tiered.http.types import LiveLease, Request, Response
 from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.parsing import parse_uint
 
+from .locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from .model import AppendRequest, CreateRequest, ForkRequest, Stream
 from .protocol import next_cursor, parse_closed, parse_expires_at
 from .service import StreamService
@@ -87,8 +88,13 @@ class StreamRoutes:
         read_chunk_bytes: int,
         long_poll_timeout_s: float,
         sse_max_connection_s: float,
+        locator_valid_ms: int = 0,
+        locator_span_bytes: int = 0,
     ) -> None:
+        """``locator_valid_ms`` > 0 (cluster mode): peers may ask for cold locators (``locators.py``)."""
         self.service = service
+        self.locator_valid_ms = locator_valid_ms
+        self.locator_span_bytes = locator_span_bytes
         self.clock = clock
         self.read_chunk_bytes = read_chunk_bytes
         self.long_poll_timeout_s = long_poll_timeout_s
@@ -259,6 +265,10 @@ class StreamRoutes:
                     next_offset=format_offset(s.retained_from),
                 )
             offset = parsed
+        if live is None and offset_raw != "now":
+            located = self._locator(request, s, v.tail, offset)
+            if located is not None:
+                return located
         if live == "sse":
             return await self._sse(request, s, offset)
         if live == "long-poll":
@@ -284,48 +294,59 @@ class StreamRoutes:
         """
         service = self.service
         v = service.view(s)
-        end = min(v.tail, offset + self.read_chunk_bytes)
-        data = await service.read(s, offset, end) if end > offset else b""
-        if whole_chars and end < v.tail and data:
-            cut = utf8_boundary(data)
-            if cut > 0 and data[cut - 1 : cut] == b"\r":
-                cut -= 1  # keep CR LF together: split, a client would see two line breaks
-            if cut > 0:
-                data, end = data[:cut], offset + cut
-            else:  # the chunk is smaller than one character: send the whole character
-                end = min(v.tail, offset + 4)
-                data = await service.read(s, offset, end)
-                data = data[: utf8_boundary(data) or len(data)]
-                end = offset + len(data)
-        if s.json and end < v.tail and data:
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # one message larger than a chunk: send it whole
-                rest = await service.read(s, end, v.tail)
-                cut = len(data) + rest.find(b"\n") + 1
-                data = data + rest[: cut - len(data)]
-            data = data[:cut]
-            end = offset + cut
-        up_to_date = end >= v.tail
+
+        async def read(start: int, end: int) -> bytes:
+            return await service.read(s, start, end)
+
+        data, end, up_to_date = await read_chunk(
+            read, offset, v.tail, self.read_chunk_bytes, json=s.json, whole_chars=whole_chars
+        )
         return data, end, up_to_date, up_to_date and v.closed
 
     async def _chunk_response(self, request: Request, s: Stream, offset: int, cursor: str | None) -> Response:
         data, end, up_to_date, closed = await self._read_chunk(s, offset)
-        etag = f'"{s.uid}:{format_offset(offset)}:{format_offset(end)}{":c" if closed else ""}"'
-        headers = {
-            "Content-Type": s.content_type,
-            "Stream-Next-Offset": format_offset(end),
-            "ETag": etag,
-            "Cache-Control": CACHEABLE,
-        }
-        if up_to_date:
-            headers["Stream-Up-To-Date"] = "true"
-        if closed:
-            headers["Stream-Closed"] = "true"
-        if cursor is not None and not closed:
-            headers["Stream-Cursor"] = cursor
-        if request.headers.get("If-None-Match") == etag:
-            return Response(304, headers)
-        return Response(200, headers, json_messages_to_array(data) if s.json else data)
+        return chunk_response(
+            request.headers.get("If-None-Match"),
+            s.uid,
+            s.content_type,
+            s.json,
+            offset,
+            end,
+            data,
+            up_to_date=up_to_date,
+            closed=closed,
+            cursor=cursor,
+        )
+
+    def _locator(self, request: Request, s: Stream, tail: int, offset: int) -> Response | None:
+        """A peer node's catch-up read (``Tiered-Locator: 1``) that is all cold: its locator instead of bytes.
+
+        Reached only after this request passed the same authorization, lookup
+        and offset checks as the read itself, so a refusal is the read's own.
+        """
+        if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1":
+            return None
+        service = self.service
+        now_ms = self.clock.now_ms()
+        valid_ms = self.locator_valid_ms
+        # The peer caches the locator for this credential: never past the credential's own expiry.
+        expires_ms = getattr(getattr(request.auth, "principal", None), "expires_ms", None)
+        if isinstance(expires_ms, int):
+            valid_ms = min(valid_ms, expires_ms - now_ms)
+        locator = build_locator(
+            service.state,
+            s,
+            tail=tail,
+            offset=offset,
+            chunk_bytes=self.read_chunk_bytes,
+            span_bytes=self.locator_span_bytes,
+            valid_ms=valid_ms,
+            now_ms=now_ms,
+        )
+        if locator is None:
+            return None
+        headers = {"Content-Type": LOCATOR_MEDIA_TYPE, LOCATOR_HEADER: "1", "Cache-Control": "no-store"}
+        return Response(200, headers, encode_locator(locator))
 
     def _cursor(self, client_cursor: str | None) -> str:
         return next_cursor(self.clock.now_ms() / 1000, client_cursor)
@@ -434,6 +455,74 @@ class StreamRoutes:
             changed = await _wait(service, s, offset, min(remaining, 15.0), lease)
             if not changed and clock.monotonic() < deadline and (lease is None or lease.end_reason() is None):
                 yield b": keep-alive\n\n"
+
+
+ReadBytes = Callable[[int, int], Awaitable[bytes]]
+
+
+async def read_chunk(
+    read: ReadBytes, offset: int, tail: int, chunk_bytes: int, *, json: bool, whole_chars: bool = False
+) -> tuple[bytes, int, bool]:
+    """(bytes, next offset, up to date) of the answer to a read at ``offset``; ``read(start, end)`` gives bytes.
+
+    Shared by the owner's read and a peer's read from cold locators
+    (``tiered/cluster/catchup.py``), so both answer with the same bytes.
+    ``whole_chars`` (SSE text): never end a partial chunk inside a UTF-8 character.
+    """
+    end = min(tail, offset + chunk_bytes)
+    data = await read(offset, end) if end > offset else b""
+    if whole_chars and end < tail and data:
+        cut = utf8_boundary(data)
+        if cut > 0 and data[cut - 1 : cut] == b"\r":
+            cut -= 1  # keep CR LF together: split, a client would see two line breaks
+        if cut > 0:
+            data, end = data[:cut], offset + cut
+        else:  # the chunk is smaller than one character: send the whole character
+            end = min(tail, offset + 4)
+            data = await read(offset, end)
+            data = data[: utf8_boundary(data) or len(data)]
+            end = offset + len(data)
+    if json and end < tail and data:
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # one message larger than a chunk: send it whole
+            rest = await read(end, tail)
+            cut = len(data) + rest.find(b"\n") + 1
+            data = data + rest[: cut - len(data)]
+        data = data[:cut]
+        end = offset + cut
+    return data, end, end >= tail
+
+
+def chunk_response(
+    if_none_match: str | None,
+    uid: int,
+    content_type: str,
+    json: bool,
+    offset: int,
+    end: int,
+    data: bytes,
+    *,
+    up_to_date: bool,
+    closed: bool,
+    cursor: str | None,
+) -> Response:
+    """The answer to a catch-up (or long-poll) read of ``[offset, end)``: the owner's and a peer's alike."""
+    etag = f'"{uid}:{format_offset(offset)}:{format_offset(end)}{":c" if closed else ""}"'
+    headers = {
+        "Content-Type": content_type,
+        "Stream-Next-Offset": format_offset(end),
+        "ETag": etag,
+        "Cache-Control": CACHEABLE,
+    }
+    if up_to_date:
+        headers["Stream-Up-To-Date"] = "true"
+    if closed:
+        headers["Stream-Closed"] = "true"
+    if cursor is not None and not closed:
+        headers["Stream-Cursor"] = cursor
+    if if_none_match == etag:
+        return Response(304, headers)
+    return Response(200, headers, json_messages_to_array(data) if json else data)
 
 
 async def _wait(

@@ -85,6 +85,12 @@ class FootprintCache:
         row = self._totals.get(bucket)
         return (row[0], row[1]) if row is not None else (0, 0)
 
+    def all_totals(self) -> dict[str, tuple[int, int]]:
+        """Every bucket's (streams, retained bytes) here: what a cluster shard publishes for quotas."""
+        self.totals("")  # computed if a release dropped them
+        assert self._totals is not None
+        return {b: (row[0], row[1]) for b, row in self._totals.items()}
+
     def _row(self, bucket: str) -> list[int] | None:
         if self._totals is None:
             return None

@@ -9,6 +9,8 @@ starts every bucket full); quotas come from ``TenantState`` and the config.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tiered.clock import Clock
 from tiered.errors import TieredError
 
@@ -35,6 +37,8 @@ class TenantGate:
         self._rates: dict[tuple[str, str], TokenBucket] = {}
         self.live: dict[str, int] = {}
         self.refusals: dict[tuple[str, str], int] = {}  # (bucket, quota) -> count
+        #: Cluster mode: (streams, retained bytes) of a bucket in the other shards; None: none elsewhere.
+        self.others: Callable[[str], tuple[int, int]] | None = None
 
     def _lookup(self, bucket: str) -> tuple[object, Quotas, bool]:
         overrides = self.tenants.quotas.get(bucket)
@@ -66,12 +70,13 @@ class TenantGate:
         _, quotas, unlimited = self._lookup(bucket)
         if unlimited:
             return
+        sized = quotas.max_streams is not None or quotas.max_retained_bytes is not None
+        # Not a refusal by a quota when the other shards' usage is unknown (cluster mode): raised as it is.
+        others = self.others(bucket) if sized and self.others is not None else (0, 0)
         try:
             q.check_body(quotas, body_bytes)
-            if quotas.max_streams is not None or quotas.max_retained_bytes is not None:
-                streams, retained = self.footprint.totals(bucket)
-                q.check_streams(quotas, streams, new_streams)
-                q.check_retained(quotas, retained, stored_bytes)
+            if sized:
+                q.check_sizes(quotas, self.footprint.totals(bucket), others, new_streams, stored_bytes)
         except TieredError as exc:
             self._refused(bucket, str(exc.context.get("quota")))
             raise

@@ -97,6 +97,19 @@ def check_retained(q: Quotas, retained: int, adding: int) -> None:
         )
 
 
+def check_sizes(
+    q: Quotas, own: tuple[int, int], others: tuple[int, int], new_streams: int, stored_bytes: int
+) -> None:
+    """The bucket-wide size checks: (streams, retained bytes) held here plus elsewhere, and what a write adds.
+
+    ``others`` is what the bucket holds outside this engine: nothing on a
+    single server; in cluster mode the other shards' usage
+    (``tiered/cluster/usage.py``), so a quota of N holds for the whole bucket.
+    """
+    check_streams(q, own[0] + others[0], new_streams)
+    check_retained(q, own[1] + others[1], stored_bytes)
+
+
 def rate_limited(quota: str, limit: int, retry_after_s: int) -> TieredError:
     return TieredError(
         ErrorCode.RATE_LIMITED,
