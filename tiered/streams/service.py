@@ -168,12 +168,8 @@ class StreamService:
         found = self.state.find(bucket, path)
         if found is None and self.remote_forks is not None and target is not None and headers is not None:
             existing = self.state.find(*target)
-            if (
-                existing is not None
-                and not existing.soft_deleted
-                and not existing.expired(self.clock.now_ms())
-            ):
-                # The path is taken: the create only compares configurations, nothing to fetch.
+            if existing is not None and (existing.soft_deleted or not existing.expired(self.clock.now_ms())):
+                # The path is taken: the create only compares configurations (or refuses), nothing to fetch.
                 return ForkRequest(source_uid=None, offset=0, spec=spec)
             lifecycle.check_bucket(self.state, target[0])
             return await self.remote_forks.resolve(target, (bucket, path), spec, headers)
