@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tiered.cluster.shards import shard_of
-from tiered.cluster.xfork import PIN_PREFIX, pin_name
+from tiered.cluster.xfork import PIN_PREFIX, pin_name, pinned_fork
 from tiered.errors import ErrorCode, TieredError
 from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
@@ -184,18 +184,6 @@ def test_refused_cross_shard_forks_leave_no_pin(trio: list[ServerProcess]) -> No
     assert head(src)[0] == 404
 
 
-def test_pin_names_hash_to_the_source_shard_and_name_the_fork() -> None:
-    for count in (1, 8, 64):
-        for shard in range(count):
-            name = pin_name("default", "forks/f", "default", shard, count)
-            assert name.startswith(PIN_PREFIX) and shard_of("default", name, count) == shard
-            assert pin_name("default", "forks/f", "default", shard, count) == name  # stable: retries meet
-    assert (
-        pin_name("a-bucket", "x", "default", 3, 8).split("/")[1]
-        != pin_name("default", "x", "default", 3, 8).split("/")[1]
-    )
-
-
 def test_an_acknowledged_cross_shard_fork_survives_its_owners_sigkill(
     quick_trio: list[ServerProcess],
 ) -> None:
@@ -216,6 +204,19 @@ def test_an_acknowledged_cross_shard_fork_survives_its_owners_sigkill(
     for node in survivors:
         got, _ = read_all(stream_url(node.url, fork_name))
         assert got == data
+
+
+def test_pin_names_hash_to_the_source_shard_and_name_the_fork() -> None:
+    for count in (1, 8, 64):
+        for shard in range(count):
+            name = pin_name("default", "forks/f", "default", shard, count)
+            assert name.startswith(PIN_PREFIX) and shard_of("default", name, count) == shard
+            assert pin_name("default", "forks/f", "default", shard, count) == name  # stable: retries meet
+            assert pinned_fork(name) == ("default", "forks/f")
+    assert pinned_fork(pin_name("a-bucket", "x y/z", "default", 3, 8)) == ("a-bucket", "x y/z")
+    long = pin_name("default", "p" * 1020, "default", 3, 8)  # too long to name the fork: a digest
+    assert long.startswith(PIN_PREFIX + "#") and len(long) < 100 and pinned_fork(long) is None
+    assert pinned_fork("events/x") is None
 
 
 def test_a_copied_fork_is_a_plain_create_record_that_replays_and_snapshots_identically() -> None:
@@ -251,3 +252,41 @@ def test_a_copied_fork_is_a_plain_create_record_that_replays_and_snapshots_ident
             DEFAULT_BUCKET, "f", CreateRequest(None, None, None, None, False, b"", ForkRequest(None, 0, "default/src@+1")), t0
         )  # fmt: skip
     assert exc.value.code is ErrorCode.STREAM_EXISTS
+
+
+@pytest.fixture
+def sweeping(moto_s3: S3Endpoint, tmp_path: Path) -> Iterator[ServerProcess]:
+    """One node serving every shard, sweeping pins older than 1 s every 0.3 s."""
+    node = start_node(
+        tmp_path, moto_s3, unique_prefix("pinsweep"), "n1", shards=SHARDS, ttl_s=4.0,
+        extra=("--cluster-fork-pin-grace-s", "1", "--cluster-fork-pin-sweep-s", "0.3"),
+    )  # fmt: skip
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def test_a_pin_whose_fork_is_gone_is_swept_and_a_live_forks_pin_is_kept(sweeping: ServerProcess) -> None:
+    base = sweeping.url
+    kept_src, orphan_src = unique("kept-src"), unique("orphan-src")
+    for name in (kept_src, orphan_src):
+        assert create(stream_url(base, name), "text/plain", b"data")[0] == 201
+    # A live cross-shard fork of one source (a fork name in another shard than its source's).
+    fork = next(n for n in (unique("fork") for _ in range(200)) if shard_of(DEFAULT_BUCKET, n, SHARDS) != shard_of(DEFAULT_BUCKET, kept_src, SHARDS))  # fmt: skip
+    assert create(stream_url(base, fork), None, Stream_Forked_From=f"/v1/stream/{kept_src}")[0] == 201
+    # A pin left behind by a fork that was never created (as after a crash between the two steps).
+    orphan = pin_name(DEFAULT_BUCKET, unique("never-created"), DEFAULT_BUCKET, shard_of(DEFAULT_BUCKET, orphan_src, SHARDS), SHARDS)  # fmt: skip
+    assert create(stream_url(base, orphan), None, Stream_Forked_From=f"/v1/stream/{orphan_src}")[0] == 201
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and head(stream_url(base, orphan))[0] != 404:
+        time.sleep(0.2)
+    assert head(stream_url(base, orphan))[0] == 404
+    time.sleep(1.0)  # a few more passes: the live fork's pin is older than the grace by now
+    # The orphan's source has no fork any more: deleted outright. The live fork still pins its source.
+    assert request("DELETE", stream_url(base, orphan_src))[0] == 204
+    assert head(stream_url(base, orphan_src))[0] == 404
+    assert request("DELETE", stream_url(base, kept_src))[0] == 204
+    assert head(stream_url(base, kept_src))[0] == 410
+    data, _ = read_all(stream_url(base, fork))
+    assert data == b"data"

@@ -232,6 +232,14 @@ class Config:
         "how long a node may answer catch-up reads of another node's stream from the object store with the "
         "cold locators the owner gave it (0: always forward; at most half of gc_grace_s)",
     )
+    cluster_fork_pin_grace_s: float = setting(
+        600.0,
+        "a cross-shard fork's pin (in its source's shard) whose fork is gone is deleted once it is this old "
+        "(longer than any fork's creation may take)",
+    )
+    cluster_fork_pin_sweep_s: float = setting(
+        60.0, "how often each node looks for cross-shard fork pins whose fork is gone"
+    )
     cluster_usage_interval_s: float = setting(
         1.0,
         "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
@@ -315,6 +323,8 @@ class Config:
                 raise ConfigError("cluster_wal_interval_ms must be positive")
             if self.cluster_locator_ttl_s < 0:
                 raise ConfigError("cluster_locator_ttl_s must not be negative (0: off)")
+            if not (self.cluster_fork_pin_grace_s > 0 and self.cluster_fork_pin_sweep_s > 0):
+                raise ConfigError("cluster_fork_pin_grace_s and cluster_fork_pin_sweep_s must be positive")
             if not self.cluster_usage_interval_s > 0:
                 raise ConfigError("cluster_usage_interval_s must be positive")
         elif self.durability != "local":

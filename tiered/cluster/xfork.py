@@ -14,8 +14,9 @@ to the owner):
    mismatch, 400 beyond the tail), the fork point and the inherited expiry are
    resolved exactly as on one node, and the source now has a live fork: while
    the pin lives, deleting the source soft-deletes it (410, its path blocked),
-   as with a local fork. The pin's name, ``__forks/<digest of the fork's
-   bucket and path>/<n>``, is chosen (``n``) to hash to the source's shard.
+   as with a local fork. The pin's name, ``__forks/<fork's bucket>/<fork's
+   path>/<n>``, is chosen (``n``) to hash to the source's shard; pins whose
+   fork is gone are swept (``pin_sweep.py``).
 2. **Copy.** Read the pin from its retained offset to its tail (the fork
    point) and hand the bytes to the fork's engine, which stores them as the
    fork's own data *at the same offsets* (``ForkCopy``), in the same journal
@@ -39,20 +40,21 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from urllib.parse import quote
 
 import msgspec
 
 from tiered.content import is_json
 from tiered.errors import ErrorCode, TieredError
 from tiered.http.types import Request, Response
-from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset
+from tiered.ids import DEFAULT_BUCKET, MAX_STREAM_PATH, format_offset, parse_offset
 from tiered.streams.model import ForkCopy, ForkRequest
 from tiered.streams.protocol import parse_expires_at
 
 from .shards import shard_of
 from .subrequest import internal_request
 
-__all__ = ["PIN_PREFIX", "CrossShardForks", "pin_name"]
+__all__ = ["PIN_PREFIX", "CrossShardForks", "pin_name", "pinned_fork", "stream_url"]
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +79,37 @@ _encoder = msgspec.json.Encoder()
 def pin_name(
     fork_bucket: str, fork_path: str, source_bucket: str, source_shard: int, shard_count: int
 ) -> str:
-    """The pin's path in ``source_bucket``: named after the fork, and hashing to the source's shard."""
-    digest = hashlib.sha256(
-        len(fork_bucket).to_bytes(4, "big") + fork_bucket.encode() + fork_path.encode()
-    ).hexdigest()[:32]
+    """The pin's path in ``source_bucket``: named after the fork, and hashing to the source's shard.
+
+    ``__forks/<fork bucket>/<fork path>/<n>`` (the sweeper reads the fork's
+    address back from it), or ``__forks/#<digest>/<n>`` when that would be too long.
+    """
+    stem = f"{PIN_PREFIX}{fork_bucket}/{fork_path}"
+    if len(stem.encode()) > MAX_STREAM_PATH - 16:
+        digest = hashlib.sha256(
+            len(fork_bucket).to_bytes(4, "big") + fork_bucket.encode() + fork_path.encode()
+        ).hexdigest()[:32]
+        stem = f"{PIN_PREFIX}#{digest}"
     for n in range(64 * shard_count):
-        name = f"{PIN_PREFIX}{digest}/{n}"
+        name = f"{stem}/{n}"
         if shard_of(source_bucket, name, shard_count) == source_shard:
             return name
     raise TieredError(ErrorCode.INTERNAL_ERROR, "no pin name hashes to the source's shard")
 
 
-def _stream_url(bucket: str, path: str) -> str:
-    return f"/v1/stream/{path}" if bucket == DEFAULT_BUCKET else f"/v1/buckets/{bucket}/stream/{path}"
+def pinned_fork(pin: str) -> tuple[str, str] | None:
+    """The fork ``(bucket, path)`` a pin's name gives back; None for a digest name or another stream."""
+    if not pin.startswith(PIN_PREFIX) or pin.startswith(PIN_PREFIX + "#"):
+        return None
+    stem, _, n = pin[len(PIN_PREFIX) :].rpartition("/")
+    bucket, _, path = stem.partition("/")
+    return (bucket, path) if bucket and path and n.isdigit() else None
+
+
+def stream_url(bucket: str, path: str) -> str:
+    """The percent-encoded URL path of a stream."""
+    quoted = quote(path, safe="/")
+    return f"/v1/stream/{quoted}" if bucket == DEFAULT_BUCKET else f"/v1/buckets/{bucket}/stream/{quoted}"
 
 
 def _source_of(spec: str) -> tuple[str, str]:
@@ -142,7 +162,7 @@ class CrossShardForks:
         self, method: str, bucket: str, path: str, shard: int, headers: dict[str, str], query: str = ""
     ) -> Response:
         return await self.send(
-            internal_request(method, _stream_url(bucket, path), headers, query=query), shard
+            internal_request(method, stream_url(bucket, path), headers, query=query), shard
         )
 
     def _pin(self, fork: tuple[str, str], source: tuple[str, str]) -> tuple[str, int]:

@@ -56,6 +56,7 @@ from tiered.cluster.forward import (
     idempotent,
     moved_away,
 )
+from tiered.cluster.pin_sweep import PinSweeper
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
 from tiered.cluster.server import ClusterServer
@@ -91,6 +92,15 @@ def shard_routing(
         cluster.shard_count, cluster.shard_of, admin_token, cluster.config.auth not in ("", "none")
     )
     cluster.side_jobs.append(lambda stop: feeds.run(cluster.host.engines.copy, stop))
+    # Pins of cross-shard forks whose fork is gone are deleted (``tiered.cluster.pin_sweep``).
+    pins = PinSweeper(
+        cluster.host.engines.copy,
+        cluster.shard_of,
+        cluster.config,
+        admin_token,
+        cluster.config.auth not in ("", "none"),
+    )
+    cluster.side_jobs.append(pins.run)
 
     def handler_of(shard: int, engine: Node) -> Handler:
         known = handlers.get(shard)
@@ -278,7 +288,7 @@ def shard_routing(
             return forwarder.redirect(request, owner[1])
         return await forwarder.forward(request, owner[1], shard)
 
-    feeds.send = to_shard
+    feeds.send = pins.send = to_shard
     return route
 
 
