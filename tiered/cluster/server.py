@@ -26,12 +26,13 @@ from tiered.config import Config
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node, open_store
 
-from .cas import ObjectStoreCas
+from .cas import CasError, ObjectStoreCas
 from .cold_reads import CatchupReads
 from .forward import Forwarder
 from .group_engine import ClusterEngine
 from .lease import LeaseTiming
 from .node_shell import ClusterNode, NodeConfig
+from .secret import NodeSigner, load_or_create
 from .shard_host import ShardHost
 from .shards import shard_of
 from .usage_shell import UsageExchange
@@ -39,6 +40,8 @@ from .usage_shell import UsageExchange
 __all__ = ["ClusterServer"]
 
 log = logging.getLogger(__name__)
+
+_SECRET_TRIES = 5
 
 
 class ClusterServer:
@@ -66,6 +69,7 @@ class ClusterServer:
         self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
         self.usage: UsageExchange | None = None  # bucket-wide quotas: every shard's usage (usage.py)
         self._usage_loop: asyncio.Task[None] | None = None
+        self.signer: NodeSigner | None = None  # node-to-node requests (secret.py), once the secret is read
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
@@ -73,6 +77,7 @@ class ClusterServer:
         self.advertise_url = c.cluster_advertise_url or advertise_url
         self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
         self.host.store = self.store
+        self.signer = NodeSigner(await self._secret(), self.clock)
         self.catchup = CatchupReads(
             self.store,
             self.clock,
@@ -106,6 +111,20 @@ class ClusterServer:
             interval_s=c.cluster_usage_interval_s,
         )
         self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
+
+    async def _secret(self) -> bytes:
+        """The cluster's secret (created by the first node), read before anything is served; a few tries."""
+        assert self.store is not None
+        cas = ObjectStoreCas(self.store)
+        for attempt in range(_SECRET_TRIES):
+            try:
+                return await load_or_create(cas)
+            except CasError as exc:
+                if attempt + 1 == _SECRET_TRIES:
+                    raise
+                log.warning("the cluster secret could not be read (%s); trying again", exc)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
