@@ -111,6 +111,9 @@ class CatchupReads:
         self.reader = ColdReader(store, cache_bytes)
         # What /readyz shows: reads answered from the store, locators fetched, and reads forwarded anyway.
         self.counters = {"served": 0, "locators": 0, "owner_answered": 0, "integrity_errors": 0}
+        # Checks the caller's credential here before a cached locator serves it (raises 401 for a token
+        # revoked since the locator was issued: every shard holds every token, ``tokens.py``).
+        self.authenticate: Callable[[str | None], object] | None = None
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "cached": len(self.cache), "expired": self.cache.expired}
@@ -130,6 +133,8 @@ class CatchupReads:
             return None  # not a stream read: the owner answers
         key: CacheKey = (bucket, path, credential_key(headers.get("Authorization")))
         locator = self.cache.get(key, offset, self.clock.monotonic())
+        if locator is not None and self.authenticate is not None:
+            self.authenticate(headers.get("Authorization"))
         if locator is None:
             sent_at = self.clock.monotonic()
             answer = await send(self._locator_request(request))

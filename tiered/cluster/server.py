@@ -86,6 +86,7 @@ class ClusterServer:
             cache_bytes=c.read_cache_bytes,
             read_timeout_s=c.cold_read_timeout_s,
         )
+        self.catchup.authenticate = self.authenticate
         timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
         self.node = ClusterNode(
             ObjectStoreCas(self.store),
@@ -198,6 +199,17 @@ class ClusterServer:
     def served_engines(self) -> dict[int, Node]:
         """Every shard's engine this node may acknowledge in now."""
         return {s: e for s in list(self.host.engines) if (e := self.local_engine(s)) is not None}
+
+    def authenticate(self, header: str | None) -> None:
+        """Raise (401) unless ``header`` is a credential valid now, as any served engine judges it.
+
+        Every shard holds every issued token, so a token revoked anywhere is
+        refused here too; with no engine served here there is nothing to ask.
+        """
+        for engine in self.served_engines().values():
+            if engine.auth.enabled:
+                engine.auth.authenticate(header)
+            return
 
     def check_acknowledge(self, shard: int) -> None:
         """Raise (``SHARD_NOT_OWNED``: 503) unless this node may acknowledge a write in ``shard`` now."""
