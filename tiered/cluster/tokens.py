@@ -14,7 +14,7 @@ own token table, so every shard must hold every token. The token routes
   /v1/admin/tokens/{id}`` (node-signed: ``secret.py``; idempotent by id). The
   secret is shown only when every shard has the token. If any shard failed,
   the id is revoked on every shard (best effort, idempotent) and the answer is
-  503 + ``Retry-After``: the secret was never shown, so whatever a shard kept
+  503 with a retry hint: the secret was never shown, so whatever a shard kept
   cannot be used (an install still in flight to an unreachable owner may
   land after the revocation: a 256-bit secret nobody saw).
 * **rotate** (``POST .../{id}/rotate``): the old token is read from the
@@ -25,7 +25,7 @@ own token table, so every shard must hold every token. The token routes
   apply it already started the old token's grace, as the operator asked.
 * **revoke** (``DELETE .../{id}``): sent to every shard at once; 204 when any
   shard knew it and every other did not (already revoked there), 404 when
-  none did, 503 + ``Retry-After`` when a shard could not be asked (the token
+  none did, 503 with a retry hint when a shard could not be asked (the token
   may still work there: retry, revoking is idempotent).
 * **list** and **describe** (``GET``): one shard's table, not merged: the
   bucket's well-known shard for ``?bucket=B`` (where an issue installs first),
@@ -75,11 +75,21 @@ def is_token_path(path: str) -> bool:
 
 
 class ClusterTokens:
-    def __init__(self, cluster: _Shards, guard: AdminGuard, sub: SubRequest, send: Send) -> None:
+    def __init__(
+        self, cluster: _Shards, guard: Callable[[], AdminGuard], sub: SubRequest, send: Send
+    ) -> None:
         self.cluster = cluster
-        self.guard = guard
+        self._make_guard = guard
+        self._guard: AdminGuard | None = None
         self.sub = sub
         self.send = send
+
+    @property
+    def guard(self) -> AdminGuard:
+        """The operator's guard, as a single server's (built on first use)."""
+        if self._guard is None:
+            self._guard = self._make_guard()
+        return self._guard
 
     async def serve(self, request: Request, path: str) -> Response:
         parts = path[len(TOKENS_PATH) :].strip("/").split("/") if path != TOKENS_PATH else []

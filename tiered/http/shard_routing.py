@@ -177,7 +177,7 @@ def shard_routing(
 
     token_routes = ClusterTokens(
         cluster,
-        AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only),
+        lambda: AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only),
         _token_sub,
         lambda sub, shard: to_shard(sub, shard),
     )
