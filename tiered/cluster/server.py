@@ -111,6 +111,7 @@ class ClusterServer:
             lambda shard: self.local_engine(shard) is not None,
             interval_s=c.cluster_usage_interval_s,
         )
+        self.catchup.on_served = self.usage.count_served  # the owner never sees these reads
         self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
 
     async def _secret(self) -> bytes:

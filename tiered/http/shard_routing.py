@@ -72,6 +72,8 @@ from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refus
 from tiered.cluster.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.tokens import ClusterTokens, is_token_path
+from tiered.cluster.usage import add_served
+from tiered.cluster.usage_shell import UsageExchange
 from tiered.errors import ErrorCode, TieredError
 from tiered.ids import DEFAULT_BUCKET
 from tiered.node import Node
@@ -206,6 +208,9 @@ def shard_routing(
                 ErrorCode.UNAVAILABLE, "a shard answered without a JSON body; retry", retry_after_s=1
             )
         status, merged = plan.merge(answers, lambda bucket: cluster.shard_of(bucket, ""))
+        usage: UsageExchange | None = getattr(cluster, "usage", None)
+        if plan.kind == "usage" and usage is not None and isinstance(merged, dict):
+            merged = add_served(merged, usage.served_totals())  # catch-up reads served by non-owners
         return json_response(merged, status, dict(plan.headers))
 
     async def fan_out(request: Request, home: int) -> Response:
