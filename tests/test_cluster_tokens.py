@@ -272,7 +272,9 @@ def test_a_rotated_token_works_on_both_nodes_and_the_old_one_ends(nodes: dict[st
     for name in names.values():
         for via in (t1, t2):
             assert request("POST", url(via, bucket, name), {**bearer(now["token"]), **BIN}, b"z")[0] == 204
-            assert request("GET", url(via, bucket, name) + f"?offset={ZERO}", bearer(graced["token"]))[0] == 401
+            assert (
+                request("GET", url(via, bucket, name) + f"?offset={ZERO}", bearer(graced["token"]))[0] == 401
+            )
     # The grace rotation shortened the first token to 600 s on every shard: listed alike everywhere.
     listed = per_shard(t1, f"/v1/admin/tokens?bucket={bucket}")
     assert all(answer == listed[0] for answer in listed)
@@ -425,3 +427,40 @@ def test_groups_span_nodes_with_auth_on_and_no_admin_token(
     finally:
         for srv in started.values():
             srv.stop()
+
+
+# --------------------------------------------------------------------------- catch-up reads in the bucket's usage
+
+
+def test_catch_up_reads_served_by_a_non_owner_are_counted_once(nodes: dict[str, ServerProcess]) -> None:
+    t1, t2 = nodes["m1"], nodes["m2"]
+    bucket = new_bucket(t1)
+    auth = bearer(issue(t1, bucket, "write")["token"])
+    name = name_in(bucket, 2)  # m2's shard: m1 serves its cold reads from the store
+    data = bytes(range(256)) * 40  # 10240 bytes: 2.5 chunks
+    assert request("PUT", url(t2, bucket, name), {**auth, **BIN}, data)[0] == 201
+    reads = egress = served = 0
+    deadline = time.monotonic() + 30
+    while served < 3 and time.monotonic() < deadline:
+        status, headers, body = request(
+            "GET", url(t1, bucket, name) + f"?offset={format_offset(CHUNK)}", auth
+        )
+        assert (status, body) == (200, data[CHUNK : 2 * CHUNK])
+        reads, egress = reads + 1, egress + len(body)
+        served += headers.get("Tiered-Served-By") == "m1"
+        time.sleep(0.05)
+    assert served == 3  # the last reads came from the store, without the owner
+    status, _, body = request("GET", url(t2, bucket, name) + f"?offset={ZERO}", auth)  # one from the owner
+    reads, egress = reads + 1, egress + len(body)
+
+    def counted(via: ServerProcess) -> tuple[int, int]:
+        status, out = call(via, "GET", f"/v1/admin/usage?bucket={bucket}", headers=OPERATOR)
+        assert status == 200, out
+        (row,) = out["buckets"]
+        return row["requests"]["read"], row["egress_bytes"]["hot"] + row["egress_bytes"]["cold"]
+
+    for via in (t2, t1):  # m2 knows m1's reads once m1 published them (every 0.2 s)
+        deadline = time.monotonic() + 15
+        while counted(via) != (reads, egress) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert counted(via) == (reads, egress)
