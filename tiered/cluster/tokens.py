@@ -134,7 +134,11 @@ class ClusterTokens:
             secret_sha256=minted.secret_sha256,
         )
         home = self.cluster.shard_of(bucket, "")
-        first = await self._install_one(request, record, home)
+        try:
+            first = await self._install_one(request, record, home)
+        except TieredError:
+            await self._roll_back(request, record.id)  # it may have landed before the answer was lost
+            raise _not_everywhere() from None
         if first.status >= 300:
             return first  # the well-known shard refused: nothing was installed anywhere
         others = [s for s in range(self.cluster.shard_count()) if s != home]
