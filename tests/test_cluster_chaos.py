@@ -16,6 +16,7 @@ Runs on moto; on Ceph RGW too under CI=true (the gateway is slow to start).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -28,11 +29,25 @@ from pathlib import Path
 
 import pytest
 
+from tiered.cli.verify import load_state_read_only
+from tiered.cluster import keys
+from tiered.cluster.cas import ObjectStoreCas
+from tiered.cluster.manifest import decode_entry
+from tiered.cluster.shards import shard_of
+from tiered.cluster.wal import restore
+from tiered.cluster.wal_gc import check_pruned_chain
+from tiered.cluster.wal_index import wal_prefix
+from tiered.config import Config
+from tiered.hot.segment import parse_segment_name
+from tiered.ids import DEFAULT_BUCKET
+from tiered.node import open_store
+
 from . import ceph_rgw as rgw
 from . import s3_server
 from .cluster_support import readiness, start_node, unique_prefix
 from .http_helpers import create, read, request, unique
 from .server_process import ServerProcess
+from .store_proxy import FaultPlan, StoreProxy
 from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
@@ -71,12 +86,13 @@ class Checker:
     attempts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def append_via(self, node: str, stream: str) -> int:
-        """One append of a fresh chunk through ``node``; its status (0: no answer)."""
+    def append_via(self, node: str, stream: str, size: int = 0) -> int:
+        """One append of a fresh chunk (random size below 64, or ``size``) through ``node``; its status (0: no answer)."""
         with self.lock:
             self.attempts += 1
             n = self.attempts
-        chunk = f"<{stream}#{n}:".encode() + os.urandom(self.rng.randrange(1, 64)) + b">"
+        body = os.urandom(size or self.rng.randrange(1, 64))
+        chunk = f"<{stream}#{n}:".encode() + body + b">"
         srv = self.nodes[node]
         try:
             status, headers, _ = request(
@@ -123,8 +139,12 @@ class Checker:
         return checked
 
 
-def _settles(checker: Checker, timeout: float = 15 * TTL, via: list[str] | None = None) -> bool:
-    """Bounded: until 10 appends in a row through random nodes are acknowledged (handoffs finished)."""
+def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None = None) -> bool:
+    """Bounded: until 10 appends in a row through random nodes are acknowledged (handoffs finished).
+
+    A rejoin moves about a third of the shards, one handoff each (flush, release, fence, restore),
+    and any append that meets one is a 503; on two loaded CPUs that took longer than 15 TTLs once.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if checker.round(10, via or ["n1", "n2", "n3"]) == [204] * 10:
@@ -262,3 +282,252 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
 
     checked = checker.verify()
     assert checked >= 120, checked
+
+
+# -- every node behind one faulty store; the GC audited afterwards ----------------------------------
+
+GRACE_S = 2.0
+RECONCILE_S = 3.0
+GC_ARGS = (
+    "--gc-grace-s", str(GRACE_S), "--gc-interval-s", "1", "--reconcile-interval-s", str(RECONCILE_S),
+    # Small segments dropped once cold: flushed segments are deleted, so their WAL objects become garbage.
+    "--segment-bytes", str(1 << 20), "--max-body-bytes", str(1 << 19), "--hot-retention-s", "0",
+)  # fmt: skip
+
+
+@dataclass
+class FaultyCluster:
+    nodes: dict[str, ServerProcess]
+    store: Store
+    prefix: str
+    proxy: StoreProxy  # between every node and the store
+
+    def start(self, base: Path, name: str) -> ServerProcess:
+        store = replace(self.store, url=self.proxy.url)
+        self.nodes[name] = start_node(
+            base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
+            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
+        )  # fmt: skip
+        return self.nodes[name]
+
+
+@pytest.fixture
+def faulty_cluster(store: Store, tmp_path: Path) -> Iterator[FaultyCluster]:
+    target = urllib.parse.urlsplit(store.url)
+    proxy = StoreProxy(target.hostname or "127.0.0.1", target.port or 80).start()
+    c = FaultyCluster({}, store, unique_prefix("faults"), proxy)
+    try:
+        for name in ("n1", "n2", "n3"):
+            c.start(tmp_path, name)
+        yield c
+    finally:
+        proxy.heal()
+        for srv in c.nodes.values():
+            srv.stop()
+        proxy.stop()
+
+
+def _owner_of(nodes: dict[str, ServerProcess], stream: str) -> str | None:
+    shard = shard_of(DEFAULT_BUCKET, stream, SHARDS)
+    for name, srv in nodes.items():
+        try:
+            if shard in readiness(srv.url)["checks"]["serving"]:  # type: ignore[index,operator]
+                return name
+        except OSError:
+            continue
+    return None
+
+
+@dataclass
+class Producer:
+    """Idempotent appends (Producer-Id/Epoch/Seq) through one node, each retried with its seq until acknowledged."""
+
+    url: str
+    stream: str
+    acked: list[bytes] = field(default_factory=list)
+    retries: int = 0
+    gave_up: bytes | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, count: int) -> None:
+        for seq in range(count):
+            chunk = f"<p{seq}:".encode() + os.urandom(16).hex().encode() + b">"
+            deadline = time.monotonic() + 12 * TTL
+            while True:
+                try:
+                    status, _, _ = request(
+                        "POST",
+                        f"{self.url}/v1/stream/{self.stream}",
+                        {
+                            "Content-Type": "application/octet-stream",
+                            "Producer-Id": "chaos",
+                            "Producer-Epoch": "0",
+                            "Producer-Seq": str(seq),
+                        },
+                        chunk,
+                        timeout=8,
+                    )
+                except OSError:
+                    status = 0
+                if status in (200, 204):  # 204: a retry of one that had landed (deduplicated)
+                    self.acked.append(chunk)
+                    break
+                assert status in (0, 503), status  # never a 409 (a gap) nor a 500
+                if time.monotonic() > deadline:
+                    self.gave_up = chunk  # it may have landed; no later seq is sent (that would be a gap)
+                    return
+                self.retries += 1
+                time.sleep(0.1)
+            if self.stop.is_set():
+                return
+
+
+async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str, int]:
+    """Read the store as a restore would: nothing referenced is missing, nothing unreferenced is left over.
+
+    For every shard: the chain is valid (pruned prefix allowed); the index from
+    the latest checkpoint on names only WAL objects that exist (``restore``
+    reads them all); every other WAL object is released in that checkpoint
+    (within its grace). The restored journal's cold objects with owners exist;
+    every other cold object under the shard's ``data/`` is known to the journal
+    (released, within grace) or was written within the reconciliation interval
+    plus the grace before the nodes stopped (an orphan reconciliation had not
+    yet seen).
+    """
+    store = await open_store(config, read_only=True, probe=False)
+    figures = {"wal_live": 0, "wal_released": 0, "cold_live": 0, "pruned_shards": 0, "entries": 0}
+    figures["segments_gone"] = 0
+    recent_ms = int((stopped_wall - RECONCILE_S - GRACE_S - 10) * 1000)
+    try:
+        listed = {info.key: info async for info in store.list("")}
+        for shard in range(SHARDS):
+            mprefix = keys.manifest_prefix(shard)
+            entries = []
+            for key in sorted(k for k in listed if k.startswith(mprefix)):
+                seq = keys.seq_of_manifest_key(key)
+                assert seq is not None, key
+                entries.append(decode_entry(await store.get(key), shard, seq))
+            check_pruned_chain(entries)
+            figures["entries"] += len(entries)
+            if entries and len(entries) < entries[-1].seq:
+                figures["pruned_shards"] += 1
+            directory = scratch / f"{shard:04d}"
+            index = await restore(store, ObjectStoreCas(store), shard, directory)
+            live = index.referenced()
+            assert live <= listed.keys(), f"shard {shard}: GC deleted WAL objects the chain references"
+            for key in (k for k in listed if k.startswith(wal_prefix(shard))):
+                assert key in live or key in index.released, f"shard {shard}: WAL object {key} leaked"
+                # Released and still there: only if released lately (the grace, then the next GC pass).
+                assert key in live or index.released[key] >= recent_ms, f"shard {shard}: {key} not deleted"
+            segments = [
+                parse_segment_name(n.removeprefix("hot/")) for n in index.files if n.startswith("hot/")
+            ]
+            if segments and min(s for s in segments if s is not None) > 1:
+                figures["segments_gone"] += 1  # flushed to cold objects and deleted: its WAL objects released
+            figures["wal_live"] += len(live)
+            figures["wal_released"] += len(index.released)
+            state = load_state_read_only(Config(data_dir=str(directory)))
+            base = f"shards/{shard:04d}/"
+            for key, obj in state.cold_objects.items():
+                if obj.refs > 0:
+                    assert base + key in listed, f"shard {shard}: GC deleted cold object {key} still owned"
+                    figures["cold_live"] += 1
+            young = stopped_wall - (RECONCILE_S + GRACE_S + 10)
+            for key, info in listed.items():
+                if key.startswith(base + "data/") and key[len(base) :] not in state.cold_objects:
+                    assert info.last_modified.timestamp() >= young, f"shard {shard}: cold object {key} leaked"
+    finally:
+        await store.close()
+    return figures
+
+
+def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
+    faulty_cluster: FaultyCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drops, delays and black holes between every node and the store; a kill under forwarded producer appends."""
+    cluster, nodes = faulty_cluster, faulty_cluster.nodes
+    assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
+    streams = [unique("faults") for _ in range(8)]
+    for i, stream in enumerate(streams):
+        srv = list(nodes.values())[i % 3]
+        deadline = time.monotonic() + 10 * TTL
+        status = create(f"{srv.url}/v1/stream/{stream}")[0]
+        while status == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = create(f"{srv.url}/v1/stream/{stream}")[0]
+        assert status in (200, 201), status
+    checker = Checker(nodes, streams)
+    assert _settles(checker), "the new cluster did not acknowledge 10 appends in a row"
+    # Enough bytes to roll a segment in each stream's shard: flushed to cold objects, then deleted.
+    for stream in streams:
+        for _ in range(3):
+            checker.append_via(checker.rng.choice(list(nodes)), stream, size=400_000)
+
+    # The store misbehaves for every node at once, for a bounded period: appends go on throughout.
+    cluster.proxy.set_plan(FaultPlan(drop=0.02, delay=0.1, blackhole=0.004, blackhole_s=2.0))
+    try:
+        deadline = time.monotonic() + 12.0
+        while time.monotonic() < deadline:
+            checker.round(5, ["n1", "n2", "n3"])
+    finally:
+        cluster.proxy.heal()
+    applied = dict(cluster.proxy.applied)
+    assert applied.get("drop-request", 0) + applied.get("drop-answer", 0) > 0, applied
+    assert applied.get("delay", 0) > 0 and applied.get("blackhole", 0) > 0, applied
+    assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
+    assert _settles(checker), "the healed cluster did not acknowledge 10 appends in a row"
+
+    # A producer appends through a node that does not own its stream's shard; the owner is SIGKILLed
+    # meanwhile. The forwarder resends producer appends to the new owner; acknowledged ones land once.
+    stream = streams[0]
+    owner = _owner_of(nodes, stream)
+    assert owner is not None
+    via = next(n for n in nodes if n != owner)
+    producer = Producer(nodes[via].url, stream)
+    thread = threading.Thread(target=producer.run, args=(60,))
+    thread.start()
+    time.sleep(0.5)
+    nodes[owner].kill()
+    before = len(producer.acked)
+    time.sleep(4 * TTL)
+    producer.stop.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    # Acknowledged before the kill (through the old owner) and after it (through the new one).
+    assert before >= 1 and len(producer.acked) > before, (before, len(producer.acked), producer.gave_up)
+    cluster.start(tmp_path, owner)  # back under the same id: the cluster heals and rebalances
+    assert _wait_all_served(nodes, 10 * TTL) == set(range(SHARDS))
+    assert _settles(checker)
+
+    checked = checker.verify()
+    assert checked >= 60, checked
+    _, _, body = read(f"{nodes[via].url}/v1/stream/{stream}", "-1")
+    for chunk in producer.acked:
+        assert body.count(chunk) == 1, f"acknowledged producer append {chunk!r} is not there exactly once"
+    if producer.gave_up is not None:
+        assert body.count(producer.gave_up) <= 1
+
+    # Healed and quiet: reconciliation (every RECONCILE_S) releases what nothing references, and the
+    # released is deleted after GRACE_S. Then a clean stop (handoff: snapshot, ship, checkpoint).
+    time.sleep(RECONCILE_S + GRACE_S + 2)
+    for srv in nodes.values():  # all at once: nobody takes a shard over from a stopping peer
+        if srv.proc is not None:
+            srv.proc.send_signal(signal.SIGTERM)
+    for srv in nodes.values():
+        assert srv.proc is not None and srv.proc.wait(30) == 0  # a clean stop: every shard handed off
+    stopped = time.time()
+    for k, v in cluster.store.env.items():
+        monkeypatch.setenv(k, v)
+    config = Config(
+        data_dir=str(tmp_path / "audit"),
+        cold_store="s3",
+        s3_bucket=cluster.store.bucket,
+        s3_prefix=cluster.prefix,
+        s3_endpoint=cluster.store.url,
+        s3_region=cluster.store.region,
+        s3_addressing_style="path",
+    )
+    figures = asyncio.run(_audit(config, tmp_path / "audit", stopped))
+    print("store faults applied:", applied, "audit:", figures)
+    assert figures["wal_live"] > 0 and figures["cold_live"] > 0, figures
+    assert figures["pruned_shards"] > 0 and figures["segments_gone"] > 0, figures

@@ -11,6 +11,8 @@ while the chain still ends where it was granted.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,13 +23,17 @@ from tiered.cluster import keys
 from tiered.cluster.cas import ObjectStoreCas
 from tiered.cluster.manifest import EntryKind, ManifestEntry, encode_entry
 from tiered.cluster.shard_host import ShardHost
+from tiered.cluster.shards import shard_of
 from tiered.cluster.takeover import TakeoverGrant, decode_grant, encode_grant, grant_allows
 from tiered.config import Config
 from tiered.errors import TieredError
+from tiered.ids import DEFAULT_BUCKET
 from tiered.node import open_store
 
-from .cluster_support import cluster_args, unique_prefix
+from .cluster_support import cluster_args, serving, start_node, unique_prefix, wait_served
+from .http_helpers import create, read, request, unique
 from .s3_server import S3Endpoint
+from .server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -149,3 +155,93 @@ def test_prepare_takes_a_granted_shard_and_refuses_without_a_grant(
             await store.close()
 
     asyncio.run(run())
+
+
+# -- with running nodes ----------------------------------------------------------------------------
+
+LIVE_TTL = 1.5
+LIVE_ARGS = ("--gc-grace-s", "1", "--gc-interval-s", "1", "--reconcile-interval-s", "2")
+
+
+async def _cold_objects(config: Config, shard: int) -> dict[str, int]:
+    store = await open_store(config, read_only=True, probe=False)
+    try:
+        return {info.key: info.size async for info in store.list(f"shards/{shard:04d}/data/")}
+    finally:
+        await store.close()
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_take_over_with_running_nodes_starts_the_shard_empty_and_loses_what_it_said(
+    moto_s3: S3Endpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ``tiered serve`` nodes; n1, holding the stream's shard, is SIGKILLed; n2 refuses the shard
+    (its data is on n1's volume) until the operator grants it; then n2 serves it empty, and the cold
+    objects the command counted become orphans its GC deletes."""
+    prefix = unique_prefix("takeover-live")
+    kw: dict[str, object] = {"shards": 2, "ttl_s": LIVE_TTL, "durability": "local", "extra": LIVE_ARGS}
+    n1 = start_node(tmp_path, moto_s3, prefix, "n1", **kw)
+    n2: ServerProcess | None = None
+    try:
+        assert wait_served([n1], 2, 10 * LIVE_TTL) == [{0, 1}]  # the first node takes every shard
+        n2 = start_node(tmp_path, moto_s3, prefix, "n2", **kw)
+        stream = unique("takeover")
+        shard = shard_of(DEFAULT_BUCKET, stream, 2)
+        url = f"/v1/stream/{stream}"
+        assert create(n2.url + url)[0] == 201  # forwarded to n1
+        for i in range(5):
+            status, _, _ = request(
+                "POST", n1.url + url, {"Content-Type": "application/octet-stream"}, f"acked-{i};".encode()
+            )
+            assert status == 204
+        config = _config(moto_s3, prefix, "n2", tmp_path / "operator")
+        _wait("a flush to the cold tier", lambda: bool(asyncio.run(_cold_objects(config, shard))), 15)
+        n1.kill()
+        # n2 declares n1 dead but does not take its shards: their data is on n1's volume.
+        time.sleep(3 * LIVE_TTL)
+        assert shard not in serving(n2)
+        assert read(n2.url + url, "-1")[0] == 503
+        cold = asyncio.run(_cold_objects(config, shard))
+        hot = [p for p in (tmp_path / "n1" / "shards" / f"{shard:04d}" / "hot").iterdir() if p.is_file()]
+        hot_bytes = sum(p.stat().st_size for p in hot)
+        argv = [
+            "cluster",
+            "take-over",
+            "--shard",
+            str(shard),
+            "--to",
+            "n2",
+            "--dead-data-dir",
+            str(tmp_path / "n1"),
+        ]
+        args = cluster_args(moto_s3, prefix, "n2", shards=2, ttl_s=LIVE_TTL)
+        capsys.readouterr()
+        assert (
+            main([*argv, "--yes-lose-unflushed-data", *args, "--data-dir", str(tmp_path / "operator")]) == 0
+        )
+        said = capsys.readouterr().out
+        assert f"holds {len(cold)} object(s), {sum(cold.values())} bytes" in said, said
+        assert f"holds {hot_bytes} bytes in {len(hot)} hot segment file(s)" in said, said
+        # n2 takes the granted shard (once its refusal's back-off ends) and serves it empty.
+        _wait("n2 serving the granted shard", lambda: shard in serving(n2), 10 * LIVE_TTL)
+        assert read(n2.url + url, "-1")[0] == 404, "the shard starts empty: the stream is lost, as stated"
+        assert create(n2.url + url)[0] == 201
+        status, _, _ = request("POST", n2.url + url, {"Content-Type": "application/octet-stream"}, b"after;")
+        assert status == 204
+        assert read(n2.url + url, "-1")[2] == b"after;"
+        # The stated cold objects were orphans of the shard's prefix: the new owner's GC deletes them.
+        _wait(
+            "the lost cold objects deleted",
+            lambda: not (asyncio.run(_cold_objects(config, shard)).keys() & cold.keys()),
+            20,
+        )
+    finally:
+        n1.kill()
+        if n2 is not None:
+            n2.stop()

@@ -171,6 +171,9 @@ class ShardHost:
                 index,
                 self.clock,
                 interval_s=self.base.cluster_wal_interval_ms / 1000,
+                gc_grace_s=self.base.gc_grace_s,
+                gc_limit=self.base.gc_max_objects_per_pass,
+                reconcile_interval_s=self.base.reconcile_interval_s,
             )
             shipper.start()
             self.shippers[shard] = shipper

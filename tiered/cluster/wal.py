@@ -18,8 +18,11 @@ Ships scan the files (``hot/`` in segment order, then ``snapshots/``): a
 segment that vanished was flushed to the cold tier and deleted by the engine
 (its flush record was written before the deletion, so it is in a later
 segment that the same scan reads afterwards). Every ``checkpoint_every``
-ships, and after deletions, a checkpoint records the whole index; then WAL
-objects of this epoch or older that nothing refers to are deleted.
+ships, after deletions, and when a reconciliation listing finds garbage, a
+checkpoint records the whole index and releases the WAL objects of this epoch
+or older that no live byte is in; they are deleted ``gc_grace_s`` later, and
+chain entries below the checkpoint are pruned (fences kept): ``wal_gc.py``
+has the lifecycle and why it is safe.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.hot.segment import parse_segment_name
 
 from . import keys
-from .cas import CasStore
+from .cas import CasError, CasStore
 from .manifest import EntryKind, decode_entry
 from .node_shell import ClusterNode
+from .wal_gc import adopt_releases, due_deletions, plan_prune, plan_releases, prunable
 from .wal_index import (
     Checkpoint,
     Piece,
@@ -47,7 +51,6 @@ from .wal_index import (
     WalIndex,
     decode_payload,
     encode_payload,
-    wal_epoch,
     wal_key,
     wal_prefix,
 )
@@ -94,10 +97,14 @@ async def restore(store: ObjectStore, cas: CasStore, shard: int, directory: Path
             continue
         tail.append(entry.payload)
         if isinstance(decode_payload(entry.payload, shard), Checkpoint):
+            checkpoint_seq = seq
             break
+    else:
+        checkpoint_seq = None
     index = WalIndex()
     for data in reversed(tail):
         index.apply(decode_payload(data, shard))
+    index.checkpoint_seq = checkpoint_seq
     for name in _MIRRORED:
         shutil.rmtree(directory / name, ignore_errors=True)
     cache: dict[str, bytes] = {}
@@ -106,6 +113,8 @@ async def restore(store: ObjectStore, cas: CasStore, shard: int, directory: Path
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for piece in pieces:
+                if not piece.length:
+                    continue  # a cut: no bytes (its object may never have been written, or be released)
                 if piece.wal not in cache:
                     cache[piece.wal] = await store.get(piece.wal)
                 f.seek(piece.at)
@@ -135,6 +144,9 @@ class WalShipper:
         *,
         interval_s: float,
         checkpoint_every: int = 64,
+        gc_grace_s: float = 300.0,
+        gc_limit: int = 1000,
+        reconcile_interval_s: float = 3600.0,
     ) -> None:
         self.shard = shard
         self.epoch = epoch
@@ -156,10 +168,25 @@ class WalShipper:
         self._lock = asyncio.Lock()
         self._last_start = -1e18
         self._task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
         self.closed = False
+        # The GC of WAL objects and chain entries (``wal_gc.py``).
+        self.gc_grace_ms = int(gc_grace_s * 1000)
+        self.gc_limit = gc_limit
+        self.reconcile_interval_s = reconcile_interval_s
+        self.released = adopt_releases(index.released, clock.now_ms())  # pending: key -> ms on our clock
+        self.checkpoint_seq = index.checkpoint_seq  # the latest durable checkpoint's position
+        self.wal_deleted = 0
+        self.entries_pruned = 0
+        self._pruned_below = 0  # every entry below this position but fences is gone (as far as we know)
+        self._kept: set[int] = set()  # positions below the checkpoint holding fences
+        self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
+        self._last_reconcile = clock.monotonic()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"wal-shipper-{self.shard}")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name=f"wal-shipper-{self.shard}")
+        self._gc_task = loop.create_task(self._gc_loop(), name=f"wal-gc-{self.shard}")
 
     async def durable(self) -> None:
         """Return once a ship that started after this call is in the store and the chain."""
@@ -178,10 +205,12 @@ class WalShipper:
 
     async def close(self, reason: str) -> None:
         self.closed = True
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._gc_task):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._task
+                await task
             except (asyncio.CancelledError, Exception):
                 pass
         self._fail(self._waiting, self._gone(reason))
@@ -220,7 +249,8 @@ class WalShipper:
                         await self._checkpoint()
             except TieredError as exc:
                 self._fail(waiting, exc)
-                continue
+                if exc.code is not ErrorCode.SHARD_FENCED:
+                    continue
             except Exception as exc:  # the store, the disk, or a bug: fail these writes, keep shipping
                 log.warning("shard %d: WAL ship failed: %r", self.shard, exc)
                 self._fail(
@@ -236,6 +266,14 @@ class WalShipper:
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
+            await self.maintain()
+
+    async def _gc_loop(self) -> None:
+        """GC beside the shipping (deletes never delay an acknowledgement); a pass every few seconds."""
+        period = min(max(1.0, self.interval_s * 5), max(0.5, self.gc_grace_ms / 4000))
+        while True:
+            await asyncio.sleep(period)
+            await self.maintain()
 
     def _changes(self) -> tuple[list[tuple[str, int, bytes]], list[str]]:
         writes: list[tuple[str, int, bytes]] = []
@@ -271,7 +309,8 @@ class WalShipper:
         if data:
             await self.store.put(key, data, if_none_match=True)
         commit = WalCommit(pieces, deleted)
-        await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if the shard moved on
+        entry = await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if moved on
+        self._commits.add(entry.seq)
         self.index.apply(commit)
         for name, start, chunk in writes:
             self.shipped[name] = start + len(chunk)
@@ -287,29 +326,77 @@ class WalShipper:
         self._number += 1
         return self._number
 
-    async def _checkpoint(self) -> None:
-        if self._since_checkpoint == 0:
+    async def _checkpoint(self, *, force: bool = False) -> None:
+        """Record the whole index and the pending releases (new garbage released here, before any delete)."""
+        if self._since_checkpoint == 0 and not force:
             return
-        await self.cluster.commit(self.shard, encode_payload(self.index.checkpoint()))
-        self._since_checkpoint = 0
-        await self._release()
-
-    async def _release(self) -> None:
-        """Delete WAL objects of this epoch or older that no live byte is in (the checkpoint says so)."""
-        live = self.index.referenced()
-        garbage: list[str] = []
+        released = self.released
         try:
-            async for info in self.store.list(wal_prefix(self.shard)):
-                epoch = wal_epoch(info.key)
-                if epoch is not None and epoch <= self.epoch and info.key not in live:
-                    garbage.append(info.key)
-            for key in garbage:
-                try:
-                    await self.store.delete(key)
-                except ObjectNotFound:
-                    pass
+            listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
+            released = plan_releases(
+                self.index, listed, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
+            )
         except ObjectStoreError as exc:
-            log.info("shard %d: releasing WAL objects failed (%s); next checkpoint retries", self.shard, exc)
+            log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
+        entry = await self.cluster.commit(self.shard, encode_payload(self.index.checkpoint(released)))
+        self._commits.add(entry.seq)
+        fresh = len(released) - len(self.released)
+        self.released = released
+        self.checkpoint_seq = entry.seq
+        self._since_checkpoint = 0
+        if fresh:
+            log.info("shard %d: released %d WAL objects (checkpoint %d)", self.shard, fresh, entry.seq)
+
+    async def maintain(self) -> None:
+        """One bounded GC pass: reconcile when due, delete released WAL objects past grace, prune the chain.
+
+        Errors leave everything for the next pass (each step is idempotent).
+        """
+        try:
+            if self.clock.monotonic() - self._last_reconcile >= self.reconcile_interval_s:
+                self._last_reconcile = self.clock.monotonic()
+                async with self._lock:
+                    if await self._has_garbage():
+                        await self._checkpoint(force=True)
+            await self._delete_due()
+            await self._prune()
+        except TieredError as exc:
+            log.info("shard %d: WAL GC pass stopped: %s", self.shard, exc.message)
+        except (ObjectStoreError, CasError) as exc:
+            log.info("shard %d: WAL GC pass failed (%r); the next one retries", self.shard, exc)
+
+    async def _has_garbage(self) -> bool:
+        listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
+        return len(plan_releases(self.index, listed, self.epoch, self.released, 0, 1)) > len(self.released)
+
+    async def _delete_due(self) -> None:
+        for key in due_deletions(self.released, self.clock.now_ms(), self.gc_grace_ms, self.gc_limit):
+            try:
+                await self.store.delete(key)
+            except ObjectNotFound:
+                pass  # deleted before (a crash, or an earlier owner): idempotent
+            self.released.pop(key, None)
+            self.wal_deleted += 1
+
+    async def _prune(self) -> None:
+        """Delete chain entries strictly below the latest durable checkpoint, fences kept (bounded)."""
+        checkpoint = self.checkpoint_seq
+        if checkpoint is None or checkpoint <= self._pruned_below:
             return
-        if garbage:
-            log.info("shard %d: released %d WAL objects", self.shard, len(garbage))
+        cas = self.cluster.store
+        prefix = keys.manifest_prefix(self.shard)
+        positions = [seq for item in await cas.list(prefix) if (seq := keys.seq_of_manifest_key(item.key))]
+        todo = plan_prune(positions, checkpoint, self._kept, self.gc_limit)
+        for seq in todo:
+            if seq not in self._commits:  # an older owner's: read it (a fence is kept)
+                found = await cas.get(keys.manifest_key(self.shard, seq))
+                if found is None:
+                    continue
+                if not prunable(decode_entry(found.data, self.shard, seq), checkpoint):
+                    self._kept.add(seq)
+                    continue
+            await cas.delete(keys.manifest_key(self.shard, seq))
+            self._commits.discard(seq)
+            self.entries_pruned += 1
+        if len(todo) < self.gc_limit:
+            self._pruned_below = checkpoint

@@ -53,6 +53,9 @@ class WalCommit(msgspec.Struct, frozen=True, tag="wal"):
 
 class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint"):
     files: dict[str, list[Piece]]
+    # WAL objects released and not yet known deleted: key -> ms on the releasing owner's clock
+    # (``wal_gc.py``). Recorded here before any delete, so the latest checkpoint says what is pending.
+    released: dict[str, int] = {}
 
 
 Payload = WalCommit | Checkpoint
@@ -95,6 +98,10 @@ class WalIndex:
 
     def __init__(self, files: dict[str, list[Piece]] | None = None) -> None:
         self.files: dict[str, list[Piece]] = {k: list(v) for k, v in (files or {}).items()}
+        # What the latest checkpoint applied carried for the GC (``wal_gc.py``): its pending
+        # releases, and its chain position once known (``restore`` sets it).
+        self.released: dict[str, int] = {}
+        self.checkpoint_seq: int | None = None
 
     def size(self, name: str) -> int:
         pieces = self.files.get(name)
@@ -106,6 +113,7 @@ class WalIndex:
     def apply(self, payload: Payload) -> None:
         if isinstance(payload, Checkpoint):
             self.files = {k: list(v) for k, v in payload.files.items()}
+            self.released = dict(payload.released)
             return
         for piece in payload.pieces:
             self.add(piece)
@@ -127,8 +135,10 @@ class WalIndex:
         """The WAL objects some live byte is in."""
         return {p.wal for pieces in self.files.values() for p in pieces if p.length}
 
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint({k: list(v) for k, v in sorted(self.files.items())})
+    def checkpoint(self, released: dict[str, int] | None = None) -> Checkpoint:
+        return Checkpoint(
+            {k: list(v) for k, v in sorted(self.files.items())}, dict(sorted((released or {}).items()))
+        )
 
 
 def replay_from(entries: list[tuple[Literal["fence", "commit"], bytes]], shard: int) -> WalIndex:
