@@ -163,6 +163,7 @@ class ServedSummary(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     node: str
     published_ms: int
     buckets: dict[str, tuple[int, int]]
+    nonce: str = ""  # fresh per write: no two bodies (ETags) alike
 
 
 def served_key(node: str) -> str:

@@ -179,7 +179,7 @@ class UsageExchange:
         self._served_base, self._served_new = mine, {}
         if mine == self._served_sent:
             return
-        body = encode_served(ServedSummary(self.node_id, self.clock.now_ms(), mine))
+        body = encode_served(ServedSummary(self.node_id, self.clock.now_ms(), mine, secrets.token_hex(8)))
         key = served_key(self.node_id)
         if own_etag is None:
             await self.store.put_if_absent(key, body)
