@@ -139,8 +139,12 @@ class Checker:
         return checked
 
 
-def _settles(checker: Checker, timeout: float = 15 * TTL, via: list[str] | None = None) -> bool:
-    """Bounded: until 10 appends in a row through random nodes are acknowledged (handoffs finished)."""
+def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None = None) -> bool:
+    """Bounded: until 10 appends in a row through random nodes are acknowledged (handoffs finished).
+
+    A rejoin moves about a third of the shards, one handoff each (flush, release, fence, restore),
+    and any append that meets one is a 503; on two loaded CPUs that took longer than 15 TTLs once.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if checker.round(10, via or ["n1", "n2", "n3"]) == [204] * 10:

@@ -8,6 +8,11 @@
 | ``DELETE /v1/admin/tokens/{id}`` | revoke: 204; its live reads end at once |
 | ``POST /v1/admin/tokens/{id}/rotate`` ``{"grace_s"?}`` | a new token like it (201); the old one stays valid ``grace_s`` (default 0) |
 | ``GET`` / ``PUT /v1/admin/access/{bucket}`` ``{"public_read": bool}`` | whether anyone may read the bucket's streams |
+| ``PUT /v1/admin/tokens/{id}`` (``InstallBody``) | internal (cluster mode, signed by a node): install a token another node minted; idempotent |
+
+In cluster mode the node the client reached serves the token routes
+(``tiered/cluster/tokens.py``): it mints, and installs the same record on
+every shard's engine through the internal route.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from tiered.http.types import Middleware, Request, Response, json_response
 from tiered.ids import validate_bucket
 from tiered.parsing import UInt, decode_body
 
+from . import node_call, tokens
+from .records import TokenIssued
 from .service import AuthService
 
 
@@ -36,6 +43,52 @@ class RotateBody(msgspec.Struct, forbid_unknown_fields=True):
     grace_s: UInt = 0
 
 
+class InstallBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A token record another node minted, as every shard installs it (the hash in hex, never the secret)."""
+
+    bucket: str
+    scope: str
+    prefix: str | None
+    name: str | None
+    created_ms: UInt
+    expires_ms: UInt | None
+    secret_sha256: str
+    replaces: str | None = None
+    replaced_until_ms: UInt | None = None
+
+    def record(self, token_id: str) -> TokenIssued:
+        try:
+            digest = bytes.fromhex(self.secret_sha256)
+        except ValueError:
+            raise bad_request("secret_sha256 must be hex") from None
+        return TokenIssued(
+            id=token_id,
+            bucket=self.bucket,
+            scope=self.scope,
+            prefix=self.prefix,
+            name=self.name,
+            created_ms=self.created_ms,
+            expires_ms=self.expires_ms,
+            secret_sha256=digest,
+            replaces=self.replaces,
+            replaced_until_ms=self.replaced_until_ms,
+        )
+
+    @classmethod
+    def of(cls, record: TokenIssued) -> InstallBody:
+        return cls(
+            record.bucket,
+            record.scope,
+            record.prefix,
+            record.name,
+            record.created_ms,
+            record.expires_ms,
+            record.secret_sha256.hex(),
+            record.replaces,
+            record.replaced_until_ms,
+        )
+
+
 class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
     public_read: bool
 
@@ -50,6 +103,7 @@ class AuthRoutes:
         router.add("POST", "/v1/admin/tokens", g(self.issue))
         router.add("GET", "/v1/admin/tokens", g(self.list))
         router.add("GET", "/v1/admin/tokens/{id}", g(self.describe))
+        router.add("PUT", "/v1/admin/tokens/{id}", g(self.install_token))
         router.add("DELETE", "/v1/admin/tokens/{id}", g(self.revoke))
         router.add("POST", "/v1/admin/tokens/{id}/rotate", g(self.rotate))
         router.add("GET", "/v1/admin/access/{bucket}", g(self.get_access))
@@ -71,6 +125,15 @@ class AuthRoutes:
 
     async def describe(self, request: Request) -> Response:
         return json_response(self.service.describe_token(request.params["id"]))
+
+    async def install_token(self, request: Request) -> Response:
+        node_call.require()  # a client cannot choose a token's hash
+        token_id = request.params["id"]
+        if tokens.split(f"{tokens.PREFIX}{token_id}_x") is None:
+            raise bad_request("not a token id")
+        record = decode_body(await request.body(), InstallBody).record(token_id)
+        created = await self.service.install(record)
+        return json_response(self.service.describe_token(token_id), 201 if created else 200)
 
     async def revoke(self, request: Request) -> Response:
         await self.service.revoke(request.params["id"])

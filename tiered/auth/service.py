@@ -21,6 +21,7 @@ from . import tokens
 from .credentials import OPERATOR, Principal, invalid_credential
 from .jwt import JwtVerifier
 from .live import CredentialStatus, Lease, LiveLeases
+from .records import TokenIssued
 from .state import AuthState, Token
 
 MODES = ("none", "tokens", "jwt")
@@ -149,6 +150,23 @@ class AuthService:
         record = self.state.decide_revoke(token_id, self.clock.now_ms())
         await self.committer.durable(self.committer.commit_nowait([record]))
         self.leases.end(token_id)
+
+    async def install(self, record: TokenIssued) -> bool:
+        """Install a token another node minted (cluster mode; idempotent by id); True if it was new."""
+        await self.committer.admit()
+        records = self.state.decide_install(record, self.streams.buckets)
+        if records:
+            await self.committer.durable(self.committer.commit_nowait(records))
+            if record.replaces is not None:
+                self.leases.end(record.replaces)  # its readers re-check: gone now, or a new deadline
+        return bool(records)
+
+    async def revoke_if_known(self, token_id: str) -> bool:
+        """Revoke, or nothing if the id is unknown here (cluster fan-out: idempotent); True if it was known."""
+        if token_id not in self.state.tokens:
+            return False
+        await self.revoke(token_id)
+        return True
 
     def list_tokens(self, bucket: str | None) -> list[dict[str, Any]]:
         now = self.clock.now_ms()

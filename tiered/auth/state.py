@@ -147,6 +147,52 @@ class AuthState:
             replaced_until_ms=now_ms + grace_ms,
         )
 
+    def decide_install(self, record: TokenIssued, buckets: dict[str, int]) -> list[TokenIssued]:
+        """A token another node minted, installed here as it is (cluster mode): idempotent by id.
+
+        The record is the one every shard gets (id, hash, bucket, scope,
+        prefix, expiry, rotation grace, and the minting node's time), so each
+        shard judges a token the same. The same record again changes nothing;
+        another record under a known id is refused.
+        """
+        validate_bucket(record.bucket)
+        if record.bucket not in buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {record.bucket!r} does not exist")
+        parse_scope(record.scope)
+        if normalize_prefix(record.prefix) != record.prefix:
+            raise bad_request("the prefix is not normalized")
+        if record.prefix is not None:
+            validate_stream_path(record.prefix)
+        if record.name is not None and (len(record.name) > MAX_NAME or not record.name.isprintable()):
+            raise bad_request(f"name must be at most {MAX_NAME} printable characters")
+        if len(record.secret_sha256) != 32:
+            raise bad_request("secret_sha256 must be a SHA-256 digest")
+        if (record.replaces is None) != (record.replaced_until_ms is None):
+            raise bad_request("a rotation names the token it replaces and until when")
+        known = self.tokens.get(record.id)
+        if known is None:
+            return [record]
+        same = (
+            known.bucket,
+            known.scope,
+            known.prefix,
+            known.name,
+            known.created_ms,
+            known.expires_ms,
+            known.secret_sha256,
+        ) == (
+            record.bucket,
+            record.scope,
+            record.prefix,
+            record.name,
+            record.created_ms,
+            record.expires_ms,
+            record.secret_sha256,
+        )
+        if not same:
+            raise bad_request("token id collision: another token has this id")
+        return []
+
     def decide_revoke(self, token_id: str, now_ms: int) -> TokenRevoked:
         self.get(token_id)
         return TokenRevoked(id=token_id, ts_ms=now_ms)

@@ -111,6 +111,12 @@ class CatchupReads:
         self.reader = ColdReader(store, cache_bytes)
         # What /readyz shows: reads answered from the store, locators fetched, and reads forwarded anyway.
         self.counters = {"served": 0, "locators": 0, "owner_answered": 0, "integrity_errors": 0}
+        # Checks the caller's credential here before a cached locator serves it (raises 401 for a token
+        # revoked since the locator was issued: every shard holds every token, ``tokens.py``).
+        self.authenticate: Callable[[str | None], object] | None = None
+        # Counts each read answered here in its bucket's usage: (bucket, bytes, whether the owner already
+        # counted the request: it did when it gave the locator for this very read, but sent no bytes).
+        self.on_served: Callable[[str, int, bool], None] | None = None
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "cached": len(self.cache), "expired": self.cache.expired}
@@ -130,6 +136,9 @@ class CatchupReads:
             return None  # not a stream read: the owner answers
         key: CacheKey = (bucket, path, credential_key(headers.get("Authorization")))
         locator = self.cache.get(key, offset, self.clock.monotonic())
+        owner_counted = locator is None  # the owner counts the read that fetches a locator
+        if locator is not None and self.authenticate is not None:
+            self.authenticate(headers.get("Authorization"))
         if locator is None:
             sent_at = self.clock.monotonic()
             answer = await send(self._locator_request(request))
@@ -153,6 +162,9 @@ class CatchupReads:
             return None
         if response is not None:
             self.counters["served"] += 1
+            if self.on_served is not None:
+                size = len(response.body) if isinstance(response.body, bytes) else 0
+                self.on_served(bucket, size, owner_counted)
         return response
 
     def _locator_request(self, request: Request) -> Request:

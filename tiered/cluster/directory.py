@@ -22,8 +22,7 @@ cursors of the streams it could not see).
 Members read and long-poll their streams through any node, forwarded to
 each stream's owner like any client (``tiered/http/shard_routing.py``).
 The other shards answer through the node route
-``GET /v1/cluster/shards/{shard}/streams?bucket=B`` (admin-guarded; nodes send
-the admin token when one is configured).
+``GET /v1/cluster/shards/{shard}/streams?bucket=B`` (signed by the asking node with the cluster secret: ``secret.py``).
 """
 
 from __future__ import annotations

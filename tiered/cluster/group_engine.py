@@ -12,7 +12,9 @@ alone.
 Another shard is asked through its engine when it is served here, else with
 ``GET /v1/cluster/shards/{shard}/streams?bucket=B`` to its owner (the node
 route ``streams_route`` answers it from the owner's engine; it refuses with
-503 ``SHARD_NOT_OWNED`` when the shard is not served there).
+503 ``SHARD_NOT_OWNED`` when the shard is not served there). The request is
+signed with the cluster secret (``secret.py``) and the route accepts nothing
+else (401): no admin token is needed between nodes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tiered.http.types import Request, Response, json_response
 from tiered.node import Node
 
 from .directory import Listing, ShardDirectory, engine_listing
+from .secret import SIGNATURE_HEADER, target_of
 
 if TYPE_CHECKING:
     from .server import ClusterServer
@@ -80,15 +83,17 @@ async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
         raise TieredError(
             ErrorCode.SHARD_NOT_OWNED, f"shard {shard} has no serving owner right now", retry_after_s=1
         )
+    query = f"bucket={quote(bucket, safe='')}"
     headers = {"Accept": "application/json"}
-    token = cluster.config.admin_token()
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
+    if cluster.signer is not None:  # a node's request: signed with the cluster secret (secret.py)
+        headers[SIGNATURE_HEADER] = cluster.signer.header(
+            "GET", target_of(streams_path(shard), query), "", b""
+        )
 
     async def no_body() -> bytes:
         return b""
 
-    request = Request("GET", streams_path(shard), f"bucket={quote(bucket, safe='')}", headers, no_body)
+    request = Request("GET", streams_path(shard), query, headers, no_body)
     response = await cluster.forwarder.forward(request, owner[1], shard)
     if response.status != 200 or not isinstance(response.body, bytes):
         raise TieredError(
@@ -103,7 +108,13 @@ async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
 
 
 async def serve_streams(cluster: ClusterServer, request: Request) -> Response:
-    """The node route: one served shard's live streams of one bucket."""
+    """The node route: one served shard's live streams of one bucket (for nodes only: signed requests)."""
+    header = request.headers.get(SIGNATURE_HEADER)
+    if header is None or cluster.signer is None:
+        raise TieredError(
+            ErrorCode.UNAUTHORIZED, "a node route: only the cluster's nodes may call it (signed requests)"
+        )
+    cluster.signer.verify(header, request.method, target_of(request.path, request.query_string), "", b"")
     raw = request.params.get("shard", "")
     bucket = request.query.get("bucket")
     if not raw.isdigit() or bucket is None:

@@ -27,12 +27,13 @@ from tiered.config import Config
 from tiered.errors import ErrorCode, TieredError
 from tiered.node import Node, open_store
 
-from .cas import ObjectStoreCas
+from .cas import CasError, ObjectStoreCas
 from .cold_reads import CatchupReads
 from .forward import Forwarder
 from .group_engine import ClusterEngine
 from .lease import LeaseTiming
 from .node_shell import ClusterNode, NodeConfig
+from .secret import NodeSigner, load_or_create
 from .shard_host import ShardHost
 from .shards import shard_of
 from .usage_shell import UsageExchange
@@ -40,6 +41,8 @@ from .usage_shell import UsageExchange
 __all__ = ["ClusterServer"]
 
 log = logging.getLogger(__name__)
+
+_SECRET_TRIES = 5
 
 
 class ClusterServer:
@@ -70,6 +73,7 @@ class ClusterServer:
         self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
         self.usage: UsageExchange | None = None  # bucket-wide quotas: every shard's usage (usage.py)
         self._usage_loop: asyncio.Task[None] | None = None
+        self.signer: NodeSigner | None = None  # node-to-node requests (secret.py), once the secret is read
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
@@ -77,6 +81,7 @@ class ClusterServer:
         self.advertise_url = c.cluster_advertise_url or advertise_url
         self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
         self.host.store = self.store
+        self.signer = NodeSigner(await self._secret(), self.clock)
         self.catchup = CatchupReads(
             self.store,
             self.clock,
@@ -85,6 +90,7 @@ class ClusterServer:
             cache_bytes=c.read_cache_bytes,
             read_timeout_s=c.cold_read_timeout_s,
         )
+        self.catchup.authenticate = self.authenticate
         timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
         self.node = ClusterNode(
             ObjectStoreCas(self.store),
@@ -110,7 +116,22 @@ class ClusterServer:
             lambda shard: self.local_engine(shard) is not None,
             interval_s=c.cluster_usage_interval_s,
         )
+        self.catchup.on_served = self.usage.count_served  # the owner never sees these reads
         self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
+
+    async def _secret(self) -> bytes:
+        """The cluster's secret (created by the first node), read before anything is served; a few tries."""
+        assert self.store is not None
+        cas = ObjectStoreCas(self.store)
+        for attempt in range(_SECRET_TRIES):
+            try:
+                return await load_or_create(cas)
+            except CasError as exc:
+                if attempt + 1 == _SECRET_TRIES:
+                    raise
+                log.warning("the cluster secret could not be read (%s); trying again", exc)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
@@ -187,6 +208,17 @@ class ClusterServer:
     def served_engines(self) -> dict[int, Node]:
         """Every shard's engine this node may acknowledge in now."""
         return {s: e for s in list(self.host.engines) if (e := self.local_engine(s)) is not None}
+
+    def authenticate(self, header: str | None) -> None:
+        """Raise (401) unless ``header`` is a credential valid now, as any served engine judges it.
+
+        Every shard holds every issued token, so a token revoked anywhere is
+        refused here too; with no engine served here there is nothing to ask.
+        """
+        for engine in self.served_engines().values():
+            if engine.auth.enabled:
+                engine.auth.authenticate(header)
+            return
 
     def check_acknowledge(self, shard: int) -> None:
         """Raise (``SHARD_NOT_OWNED``: 503) unless this node may acknowledge a write in ``shard`` now."""

@@ -30,14 +30,23 @@ overshoot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import msgspec
 
 from . import keys
 
 __all__ = [
+    "SERVED",
     "USAGE",
+    "ServedSummary",
+    "add_served",
+    "decode_served",
+    "encode_served",
+    "node_of_served_key",
+    "served_key",
+    "sum_served",
     "Summary",
     "UsageBoard",
     "decode_summary",
@@ -132,3 +141,76 @@ class UsageBoard:
 def overshoot_bound(limit: int, known_total: int, nodes: int) -> int:
     """The most a bucket can end above ``limit`` within one publish window (docstring above)."""
     return max(0, nodes - 1) * max(0, limit - known_total)
+
+
+# --------------------------------------------------------------------------- catch-up reads served by non-owners
+
+#: Reads a node answered from the store for streams other nodes own (``cold_reads.py``), per node.
+SERVED = keys.ROOT + "served/"
+
+Served = tuple[int, int]  # (read requests, egress bytes), cumulative
+
+
+class ServedSummary(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """What one node served from the store per bucket since it first published (cumulative).
+
+    The owner of a stream never sees these reads, so no engine counts them:
+    the serving node counts them and publishes the running totals here; a
+    restarted node continues from its own object. ``GET /v1/admin/usage``
+    adds every node's totals to the shards' figures (``add_served``).
+    """
+
+    node: str
+    published_ms: int
+    buckets: dict[str, tuple[int, int]]
+    nonce: str = ""  # fresh per write: no two bodies (ETags) alike
+
+
+def served_key(node: str) -> str:
+    return f"{SERVED}{node}.json"
+
+
+def node_of_served_key(key: str) -> str | None:
+    if not key.startswith(SERVED) or not key.endswith(".json"):
+        return None
+    return key[len(SERVED) : -len(".json")] or None
+
+
+def encode_served(summary: ServedSummary) -> bytes:
+    return msgspec.json.encode(summary)
+
+
+def decode_served(data: bytes) -> ServedSummary | None:
+    try:
+        return msgspec.json.decode(data, type=ServedSummary)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def sum_served(parts: Iterable[Mapping[str, Served]]) -> dict[str, Served]:
+    out: dict[str, Served] = {}
+    for part in parts:
+        for bucket, (reads, egress) in part.items():
+            r, e = out.get(bucket, (0, 0))
+            out[bucket] = (r + int(reads), e + int(egress))
+    return out
+
+
+def add_served(merged: dict[str, Any], served: Mapping[str, Served]) -> dict[str, Any]:
+    """The merged usage answer (``{"buckets": [row...]}``) with the catch-up reads served by non-owners:
+    ``requests.read`` and ``egress_bytes.cold`` of each listed bucket (reads from the store are cold)."""
+    rows = []
+    for row in merged.get("buckets", []):
+        extra = served.get(row.get("bucket", ""))
+        if (
+            extra is not None
+            and isinstance(row.get("requests"), dict)
+            and isinstance(row.get("egress_bytes"), dict)
+        ):
+            requests = dict(row["requests"])
+            egress = dict(row["egress_bytes"])
+            requests["read"] = int(requests.get("read", 0)) + extra[0]
+            egress["cold"] = int(egress.get("cold", 0)) + extra[1]
+            row = {**row, "requests": requests, "egress_bytes": egress}
+        rows.append(row)
+    return {**merged, "buckets": rows}

@@ -12,6 +12,12 @@ One pass (``exchange``) every ``cluster_usage_interval_s``:
    (a compare-and-set on the object's ETag, so two holders during a handoff
    never interleave half-written bodies; a lost race is settled next pass).
 
+4. exchange the catch-up reads this node answered from the store for
+   streams other nodes own (``cold_reads.py``; their owners never see them):
+   running totals per bucket in ``served/<node>.json``, continued from that
+   object after a restart; ``GET /v1/admin/usage`` adds every node's totals
+   (``usage.add_served``) to the read requests and cold egress.
+
 A pass cut short by the store is followed by the next; the figures it would
 have moved stay as they were (stale by one more interval: the overshoot
 bound in ``usage.py`` counts in intervals). ``rounds`` counts completed passes
@@ -32,14 +38,22 @@ from tiered.node import Node
 
 from .cas import CasError, CasStore
 from .usage import (
+    SERVED,
     USAGE,
+    Served,
+    ServedSummary,
     Summary,
     Totals,
     UsageBoard,
+    decode_served,
     decode_summary,
+    encode_served,
     encode_summary,
+    node_of_served_key,
     nonzero,
+    served_key,
     shard_of_usage_key,
+    sum_served,
     usage_key,
 )
 
@@ -73,6 +87,12 @@ class UsageExchange:
         self._mine: dict[int, tuple[str, dict[str, tuple[int, int]]]] = {}  # shard -> (etag, buckets)
         self._seen: dict[int, str] = {}  # shard -> etag of the summary read
         self._attached: dict[int, Node] = {}
+        # Catch-up reads this node served from the store (other nodes' streams): counted here, published
+        # as running totals (``served/<node>.json``), continued from that object after a restart.
+        self._served_new: dict[str, list[int]] = {}  # bucket -> [reads, egress bytes] not yet in a base
+        self._served_base: dict[str, Served] | None = None  # our published totals (None: not read yet)
+        self._served_sent: dict[str, Served] = {}
+        self._served_others: dict[str, tuple[str, dict[str, Served]]] = {}  # node -> (etag, totals)
 
     def live(self) -> dict[int, Callable[[str], Totals]]:
         return {shard: engine.footprint.totals for shard, engine in self.engines().items()}
@@ -107,6 +127,66 @@ class UsageExchange:
         for shard, engine in self.engines().items():
             self.attach_engine(shard, engine)
 
+    def count_served(self, bucket: str, egress_bytes: int, request_counted: bool = False) -> None:
+        """One catch-up read answered here from the store for a stream another node owns.
+
+        ``request_counted``: its owner counted the request (it gave the locator for this very read,
+        without bytes): only the bytes are counted here.
+        """
+        row = self._served_new.setdefault(bucket, [0, 0])
+        row[0] += 0 if request_counted else 1
+        row[1] += egress_bytes
+
+    def _served_mine(self) -> dict[str, Served]:
+        base = self._served_base or {}
+        return sum_served([base, {b: (r[0], r[1]) for b, r in self._served_new.items()}])
+
+    def served_totals(self) -> dict[str, Served]:
+        """Every node's catch-up reads per bucket: the others' as last read, ours live."""
+        return sum_served([*(totals for _, totals in self._served_others.values()), self._served_mine()])
+
+    async def _exchange_served(self) -> None:
+        """Read the other nodes' served totals; publish ours (continuing our own object after a restart).
+
+        Only this node writes its object, so our totals in memory are the
+        truth once the object was read at start: counts move into them before
+        each write, and a failed write is simply repeated with the then-current
+        ETag (never counted twice, never lost while the process lives).
+        """
+        own_etag: str | None = None
+        for item in await self.store.list(SERVED):
+            node = node_of_served_key(item.key)
+            if node is None:
+                continue
+            if node == self.node_id:
+                own_etag = item.etag
+                if self._served_base is None:
+                    got = await self.store.get(item.key)
+                    summary = decode_served(got.data) if got is not None else None
+                    self._served_base = dict(summary.buckets) if summary is not None else {}
+                    own_etag = got.etag if got is not None else None
+                continue
+            known = self._served_others.get(node)
+            if known is not None and known[0] == item.etag:
+                continue
+            got = await self.store.get(item.key)
+            summary = decode_served(got.data) if got is not None else None
+            if got is not None and summary is not None:
+                self._served_others[node] = (got.etag, dict(summary.buckets))
+        if self._served_base is None:
+            self._served_base = {}  # never published: start from nothing
+        mine = self._served_mine()
+        self._served_base, self._served_new = mine, {}
+        if mine == self._served_sent:
+            return
+        body = encode_served(ServedSummary(self.node_id, self.clock.now_ms(), mine, secrets.token_hex(8)))
+        key = served_key(self.node_id)
+        if own_etag is None:
+            await self.store.put_if_absent(key, body)
+        else:
+            await self.store.put_if_match(key, body, own_etag)
+        self._served_sent = mine
+
     async def exchange(self) -> None:
         """One pass: read the others' summaries, then publish ours (each goes on if the other failed)."""
         self.attach()
@@ -116,6 +196,11 @@ class UsageExchange:
         except CasError as exc:
             ok = False
             log.info("usage summaries not read this pass: %s", exc)
+        try:
+            await self._exchange_served()
+        except CasError as exc:
+            ok = False
+            log.info("catch-up read totals not exchanged this pass: %s", exc)
         for shard, engine in sorted(self.engines().items()):
             if not self.may_publish(shard):
                 continue

@@ -78,7 +78,7 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
         return await serve_streams(cluster, request)
 
     node_router.add("GET", "/metrics", guard(exposition))
-    node_router.add("GET", STREAMS_ROUTE, guard(shard_streams))
+    node_router.add("GET", STREAMS_ROUTE, shard_streams)  # nodes only: signed (tiered/cluster/secret.py)
     routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
     return request_ids(security_headers(cors_preflight(map_errors(routed))), on_answer=metrics.count_answer)
 

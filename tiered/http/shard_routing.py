@@ -38,6 +38,15 @@ a bucket's quotas, access and retention (``PUT``): every shard enforces them.
 Listings, a bucket's description and usage, and GC runs are answered by
 every shard at once (``Tiered-Shard`` sub-requests, concurrently) and merged
 into a single server's body (``tiered/cluster/scatter.py``).
+
+Issued tokens (``/v1/admin/tokens...``) are served by this node: minted here,
+installed on every shard (``tiered/cluster/tokens.py``).
+
+Node signatures (``tiered/cluster/secret.py``): a request that carries one is
+verified before its shard's engine sees it (401 if it is not valid), and the
+engine serves it as a node's call (``tiered.auth.node_call``). Sub-requests
+of a fan-out or scatter to shards other than the bucket's well-known one are
+signed ``uncounted``: the client's request is counted once, in that shard.
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from tiered.auth.credentials import invalid_credential
+from tiered.auth.node_call import UNCOUNTED, NodeCall, node_call
 from tiered.cluster.cold_reads import CatchupReads
 from tiered.cluster.forward import (
     FORWARDED_BY,
@@ -59,12 +70,18 @@ from tiered.cluster.forward import (
 from tiered.cluster.pin_sweep import PinSweeper
 from tiered.cluster.routing import bucket_write, is_write, route_key
 from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
+from tiered.cluster.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.sub_feed import FEED_PATH, FEED_SYNC_PATH, SubscriptionFeeds, defines_links
 from tiered.cluster.xfork import CrossShardForks
+from tiered.cluster.tokens import ClusterTokens, is_token_path
+from tiered.cluster.usage import add_served
+from tiered.cluster.usage_shell import UsageExchange
 from tiered.errors import ErrorCode, TieredError
+from tiered.ids import DEFAULT_BUCKET
 from tiered.node import Node
 
+from .admin_auth import AdminGuard
 from .router import normalize_path
 from .types import Handler, Request, Response, json_response
 
@@ -114,11 +131,16 @@ def shard_routing(
         path = normalize_path(request.path)
         if path == FEED_SYNC_PATH:
             return await feed_sync(request)
+        if is_token_path(path):
+            target = request.headers.get(TARGET_SHARD)
+            if target is None:
+                return await token_routes.serve(request, path)
+            return await to_shard(request, _target(target))
         plan = scatter_plan(request.method, path)
         if plan is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
-                return await gather(request, plan)
+                return await gather(request, plan, _home(path))
             return await to_shard(request, _target(target))
         key = route_key(path)
         bucket = bucket_write(request.method, path) or bucket_wide_write(request.method, path)
@@ -144,30 +166,64 @@ def shard_routing(
             raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
         return int(target)
 
-    def _sub(request: Request, shard: int, body: bytes) -> Request:
-        """``request`` aimed at one shard's engine (``Tiered-Shard``), with its body already read."""
+    def _home(path: str) -> int:
+        """The shard that counts a fanned-out request in its bucket's usage: the bucket's well-known one."""
+        key = route_key(path)
+        return cluster.shard_of(key[0] if key is not None else DEFAULT_BUCKET, "")
+
+    def _sub(
+        request: Request,
+        shard: int,
+        body: bytes,
+        marks: frozenset[str] | None = None,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+    ) -> Request:
+        """``request`` aimed at one shard's engine (``Tiered-Shard``), with its body already read.
+
+        ``marks`` not None: signed by this node with those marks (``secret.py``).
+        ``method``/``path`` (no query then): another request on the client's behalf, with its headers.
+        """
         headers = _Headers({k.lower(): v for k, v in request.headers.items()})
+        headers.pop(SIGNATURE_HEADER.lower(), None)
         headers[TARGET_SHARD.lower()] = str(shard)
+        method = method or request.method
+        query = request.query_string if path is None or path == request.path else ""
+        path = path or request.path
+        signer: NodeSigner | None = getattr(cluster, "signer", None)  # stand-in views have none
+        if marks is not None and signer is not None:
+            headers[SIGNATURE_HEADER.lower()] = signer.header(
+                method, target_of(path, query), str(shard), body, marks
+            )
 
         async def read() -> bytes:
             return body
 
-        return Request(
-            request.method,
-            request.path,
-            request.query_string,
-            headers,
-            read,
-            scheme=request.scheme,
-            host=request.host,
-        )
+        return Request(method, path, query, headers, read, scheme=request.scheme, host=request.host)
 
-    async def gather(request: Request, plan: ScatterPlan) -> Response:
+    def _token_sub(
+        request: Request, shard: int, method: str, path: str, body: bytes, signed: bool
+    ) -> Request:
+        return _sub(request, shard, body, frozenset() if signed else None, method=method, path=path)
+
+    token_routes = ClusterTokens(
+        cluster,
+        lambda: AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only),
+        _token_sub,
+        lambda sub, shard: to_shard(sub, shard),
+    )
+
+    def _marks(shard: int, home: int) -> frozenset[str] | None:
+        return None if shard == home else frozenset({UNCOUNTED})
+
+    async def gather(request: Request, plan: ScatterPlan, home: int) -> Response:
         """Ask every shard at once, then merge their answers into one (``tiered/cluster/scatter.py``)."""
         body = await request.body()
         shards = range(cluster.shard_count())
         got = await asyncio.gather(
-            *(to_shard(_sub(request, shard, body), shard) for shard in shards), return_exceptions=True
+            *(to_shard(_sub(request, shard, body, _marks(shard, home)), shard) for shard in shards),
+            return_exceptions=True,
         )
         for outcome in got:
             if isinstance(outcome, BaseException):
@@ -182,13 +238,16 @@ def shard_routing(
                 ErrorCode.UNAVAILABLE, "a shard answered without a JSON body; retry", retry_after_s=1
             )
         status, merged = plan.merge(answers, lambda bucket: cluster.shard_of(bucket, ""))
+        usage: UsageExchange | None = getattr(cluster, "usage", None)
+        if plan.kind == "usage" and usage is not None and isinstance(merged, dict):
+            merged = add_served(merged, usage.served_totals())  # catch-up reads served by non-owners
         return json_response(merged, status, dict(plan.headers))
 
     async def fan_out(request: Request, home: int) -> Response:
         body = await request.body()
         answers: dict[int, Response] = {}
         for shard in range(cluster.shard_count()):
-            answers[shard] = answer = await to_shard(_sub(request, shard, body), shard)
+            answers[shard] = answer = await to_shard(_sub(request, shard, body, _marks(shard, home)), shard)
             if answer.status >= 300:
                 return answer
         return answers[home]
@@ -265,7 +324,9 @@ def shard_routing(
         if links:
             # Other shards' recent writes reported first: the subscription links them at their tails.
             await feeds.barrier()
-        response = await handler_of(shard, engine)(request)
+        call = await _verified(request)
+        with node_call(call):
+            response = await handler_of(shard, engine)(request)
         if links and response.status < 300:
             await feeds.barrier()  # from now on, other shards' writes wait for their reports
         if is_write(request.method) and response.status < 300:
@@ -274,6 +335,19 @@ def shard_routing(
             cluster.check_acknowledge(shard)  # still ours: only now is the write acknowledged
             await feeds.after_write(shard, normalize_path(request.path))
         return response
+
+    async def _verified(request: Request) -> NodeCall | None:
+        """The node call a signed request is (401 if its signature is not valid); None: unsigned."""
+        header = request.headers.get(SIGNATURE_HEADER)
+        if header is None:
+            return None
+        signer: NodeSigner | None = getattr(cluster, "signer", None)
+        if signer is None:
+            raise invalid_credential("this node cannot verify node signatures yet")
+        target = target_of(request.path, request.query_string)
+        return signer.verify(
+            header, request.method, target, request.headers.get(TARGET_SHARD) or "", await request.body()
+        )
 
     async def forward_once(request: Request, shard: int, owner: tuple[str, str]) -> Response:
         if request.headers.get(FORWARDED_BY):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tiered.auth import node_call
 from tiered.tenants.gate import TenantGate
 from tiered.tenants.usage import UsageCounter
 
@@ -29,7 +30,9 @@ def usage_middleware(counter: UsageCounter, gate: TenantGate, exists: Callable[[
             bucket = access.bucket
             if not exists(bucket):
                 return await handler(request)
-            counter.request(bucket, access.request_class)
+            call = node_call.current()
+            if call is None or not call.uncounted:  # a fan-out counts once, in the bucket's well-known shard
+                counter.request(bucket, access.request_class)
             if not access.live:
                 return await handler(request)
             gate.enter_live(bucket)
