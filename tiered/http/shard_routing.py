@@ -73,10 +73,10 @@ from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refus
 from tiered.cluster.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.sub_feed import FEED_PATH, FEED_SYNC_PATH, SubscriptionFeeds, defines_links
-from tiered.cluster.xfork import CrossShardForks
 from tiered.cluster.tokens import ClusterTokens, is_token_path
 from tiered.cluster.usage import add_served
 from tiered.cluster.usage_shell import UsageExchange
+from tiered.cluster.xfork import CrossShardForks
 from tiered.errors import ErrorCode, TieredError
 from tiered.ids import DEFAULT_BUCKET
 from tiered.node import Node
