@@ -35,9 +35,9 @@ as they are:
 Wake events of pull-wake subscriptions whose wake stream is in another shard
 are appended through routing too (``remote_append``).
 
-The feed post is authenticated with the operator's admin token when one is
-configured; with authentication on and no admin token, it is refused (and
-subscriptions see only their own shard's streams).
+The feed post and the barrier's syncs are signed by the sending node
+(``secret.py``, verified by shard routing before they are served); the
+operator's admin token is accepted too, and anyone when authentication is off.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from tiered.streams.records import Appended, BucketErased, StreamCreated, Stream
 from tiered.subscriptions.state import is_reserved
 
 from .routing import SUBSCRIPTIONS_KEY, route_key
+from .secret import SIGNATURE_HEADER
 from .subrequest import internal_request
 
 __all__ = ["FEED_PATH", "FEED_SYNC_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds", "defines_links"]
@@ -78,6 +79,19 @@ _RETRY_S = 0.5
 _SUPERVISE_S = 0.2
 
 Send = Callable[[Request, int], Awaitable[Response]]
+#: ``(method, path, shard, body)`` -> this node's signature header for that request (``secret.py``), or None.
+Sign = Callable[[str, str, str, bytes], str | None]
+
+
+def _signed(
+    headers: dict[str, str], sign: Sign | None, method: str, path: str, shard: int, body: bytes
+) -> dict[str, str]:
+    """``headers`` aimed at ``shard`` and signed by this node when it can (verified by the serving node)."""
+    out = {**headers, TARGET_SHARD: str(shard)}
+    header = sign(method, path, str(shard), body) if sign is not None else None
+    if header is not None:
+        out[SIGNATURE_HEADER] = header
+    return out
 
 
 class FeedBatch(msgspec.Struct, frozen=True):
@@ -195,13 +209,20 @@ class FeedSender:
     """Reports one shard's streams to the subscriptions' shard (see the module docstring)."""
 
     def __init__(
-        self, shard: int, engine: Node, send: Send, target: Callable[[], int], auth: str | None
+        self,
+        shard: int,
+        engine: Node,
+        send: Send,
+        target: Callable[[], int],
+        auth: str | None,
+        sign: Sign | None = None,
     ) -> None:
         self.shard = shard
         self.engine = engine
         self.send = send
         self.target = target
         self.auth = auth
+        self.sign = sign
         self.dirty: set[str] = set()
         self.full = True
         self.instance: str | None = None
@@ -285,7 +306,11 @@ class FeedSender:
             headers["Authorization"] = f"Bearer {self.auth}"
         body = msgspec.json.encode(batch)
         try:
-            response = await self.send(internal_request("POST", FEED_PATH, headers, body), self.target())
+            target = self.target()
+            headers = _signed(headers, self.sign, "POST", FEED_PATH, target, body)
+            response = await self.send(internal_request("POST", FEED_PATH, headers, body), target)
+            if response.status in (401, 403):
+                self.active = False  # refused for good: writes must not wait for it
             if response.status != 200 or not isinstance(response.body, bytes):
                 raise TieredError(
                     ErrorCode.UNAVAILABLE, f"the subscriptions' shard answered {response.status}"
@@ -328,6 +353,7 @@ class SubscriptionFeeds:
         auth_required: bool,
     ) -> None:
         self.shard_count = shard_count
+        self.sign: Sign | None = None  # set by shard routing: this node's signature (``secret.py``)
         self.shard_of = shard_of
         self.admin_token = admin_token
         self.auth_required = auth_required
@@ -355,7 +381,7 @@ class SubscriptionFeeds:
             return
         if sender is not None:
             sender.close()
-        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.admin_token)
+        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.admin_token, self.sign)
 
     def supervise(self, engines: dict[int, Node]) -> None:
         """Feeds for the engines served now; the ones of engines gone are closed."""
@@ -390,18 +416,21 @@ class SubscriptionFeeds:
             return
         await sender.notified()
 
-    def _authorized(self, request: Request) -> bool:
+    def _authorized(self, request: Request, call: object | None) -> bool:
+        """A node's signed call (``call``), the operator's admin token, or anyone when auth is off."""
+        if call is not None:
+            return True
         if self.admin_token:
             given = request.headers.get("Authorization", "")
             return hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode())
         return not self.auth_required
 
-    async def handle(self, shard: int, engine: Node, request: Request) -> Response:
+    async def handle(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
         """``POST FEED_PATH`` on the subscriptions' shard (served here)."""
         if request.method != "POST":
             raise TieredError(ErrorCode.METHOD_NOT_ALLOWED, "the feed takes POST", allow="POST")
-        if not self._authorized(request):
-            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed needs the operator's admin token")
+        if not self._authorized(request, call):
+            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed is for the cluster's nodes")
         try:
             batch = _decode_batch(await request.body())
         except msgspec.ValidationError as exc:
@@ -430,7 +459,9 @@ class SubscriptionFeeds:
             headers["Authorization"] = f"Bearer {self.admin_token}"
 
         async def one(shard: int) -> None:
-            request = internal_request("POST", FEED_SYNC_PATH, {**headers, TARGET_SHARD: str(shard)})
+            request = internal_request(
+                "POST", FEED_SYNC_PATH, _signed(headers, self.sign, "POST", FEED_SYNC_PATH, shard, b"")
+            )
             try:
                 await asyncio.wait_for(send(request, shard), NOTIFY_TIMEOUT_S)
             except (TieredError, TimeoutError) as exc:
@@ -439,10 +470,10 @@ class SubscriptionFeeds:
         shards = [s for s in range(self.shard_count()) if s != target]
         await asyncio.gather(*(one(s) for s in shards))
 
-    async def sync(self, shard: int, engine: Node, request: Request) -> Response:
+    async def sync(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
         """``POST FEED_SYNC_PATH`` for ``shard``, served here: post now, then answer."""
-        if not self._authorized(request):
-            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed needs the operator's admin token")
+        if not self._authorized(request, call):
+            raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed is for the cluster's nodes")
         self.ensure(shard, engine)
         sender = self.senders.get(shard)
         if sender is not None:

@@ -159,7 +159,7 @@ def shard_routing(
         engine = cluster.local_engine(shard)
         if engine is None:
             return await to_shard(request, shard)  # to its owner, which serves it as above
-        return await feeds.sync(shard, engine, request)
+        return await feeds.sync(shard, engine, request, await _verified(request))
 
     def _target(target: str) -> int:
         if not target.isdigit() or int(target) >= cluster.shard_count():
@@ -318,13 +318,13 @@ def shard_routing(
                 ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1
             )
         feeds.ensure(shard, engine)
+        call = await _verified(request)
         if request.path == FEED_PATH:
-            return await feeds.handle(shard, engine, request)
+            return await feeds.handle(shard, engine, request, call)
         links = defines_links(request.method, normalize_path(request.path))
         if links:
             # Other shards' recent writes reported first: the subscription links them at their tails.
             await feeds.barrier()
-        call = await _verified(request)
         with node_call(call):
             response = await handler_of(shard, engine)(request)
         if links and response.status < 300:
@@ -363,6 +363,12 @@ def shard_routing(
         return await forwarder.forward(request, owner[1], shard)
 
     feeds.send = pins.send = to_shard
+
+    def sign(method: str, path: str, shard: str, body: bytes) -> str | None:
+        signer: NodeSigner | None = getattr(cluster, "signer", None)  # stand-in views have none
+        return signer.header(method, target_of(path, ""), shard, body) if signer is not None else None
+
+    feeds.sign = sign
     return route
 
 
