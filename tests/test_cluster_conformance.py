@@ -7,6 +7,12 @@ forks whose source is in another shard are pinned there and copied
 (``tiered/cluster/xfork.py``), and every shard reports its streams to the
 subscriptions' shard (``tiered/cluster/sub_feed.py``). Long-polls time out
 after 3 s (the suite's waits stay under 4 s).
+
+Tests without a budget of their own get 15 s instead of vitest's default 5 s:
+the suite's property tests make hundreds of sequential writes, and here each is
+forwarded and committed to the object store before it is acknowledged (one of
+them took 5.005 s on a loaded machine). Budgets the suite sets itself (the
+offset=now long-polls) are unchanged.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ def test_conformance_suite_against_one_node_of_three(moto_s3: S3Endpoint, tmp_pa
             )
         served = wait_served(nodes, 8, 30, every_node=True)
         assert all(served) and set().union(*served) == set(range(8)), served
-        passed, failed, out = run_suite(nodes[1].url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"})
+        passed, failed, out = run_suite(
+            nodes[1].url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"}, vitest_args=("--testTimeout=15000",)
+        )
     finally:
         for n in nodes:
             n.stop()
