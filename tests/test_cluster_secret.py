@@ -1,9 +1,10 @@
 """Node-to-node credentials, the pure parts and the secret object: signing, verification, the store's secret.
 
 Replays within the window are accepted on purpose (no nonce cache): every
-request a signature grants is idempotent (a shard's stream listing, a token
-installed by id, the ``uncounted`` mark), and the forwarder itself resends a
-read after an ownership change. The tests pin that a replay is accepted only
+request a signature grants is idempotent or harmless to repeat (a shard's
+stream listing, a token installed by id, the ``uncounted`` mark, a node's
+``system`` call: see ``tiered/cluster/secret.py``), and the forwarder itself
+resends a read after an ownership change. The tests pin that a replay is accepted only
 for the very same request (method, URL, shard, body, marks).
 """
 

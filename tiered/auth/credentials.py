@@ -69,7 +69,7 @@ class Principal:
     """An authenticated caller. ``id`` names the credential (a token id, ``jwt:<sub>``), never its secret."""
 
     id: str
-    kind: str  # "token" | "jwt" | "operator"
+    kind: str  # "token" | "jwt" | "operator" | "node" (a node's system call)
     grants: tuple[Grant, ...] = ()
     expires_ms: int | None = None
     operator: bool = False

@@ -5,6 +5,11 @@ signature (``tiered/cluster/secret.py``) before handing it to a shard's
 engine, and sets ``NODE_CALL`` for the duration of that call; the engine's
 routes and middleware read it (``current()``). A context variable, not a
 header: nothing a client sends can set it. Outside cluster mode it is never set.
+
+A ``system`` call is a node's own work on the data plane (a wake event appended
+to a stream of another shard, a cross-shard fork's pin and copy, the pin
+sweep): the engine's authorization treats it as the operator on stream routes
+only (``tiered.http.access.system_may``), never on admin, token or metrics routes.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from dataclasses import dataclass
 
 from tiered.errors import ErrorCode, TieredError
 
-__all__ = ["UNCOUNTED", "NodeCall", "current", "node_call", "require"]
+__all__ = ["SYSTEM", "SYSTEM_MARKS", "UNCOUNTED", "NodeCall", "current", "node_call", "require"]
 
 #: A fan-out or scatter sub-request to a shard other than the bucket's well-known one: not counted again.
 UNCOUNTED = "uncounted"
+#: A node's own work on a stream (not a client's request): authorized as the operator on stream routes.
+SYSTEM = "system"
+#: What a node signs its system calls with: system, and not counted in any bucket's usage (no client asked).
+SYSTEM_MARKS = frozenset({SYSTEM, UNCOUNTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +40,10 @@ class NodeCall:
     @property
     def uncounted(self) -> bool:
         return UNCOUNTED in self.marks
+
+    @property
+    def system(self) -> bool:
+        return SYSTEM in self.marks
 
 
 _NODE_CALL: ContextVar[NodeCall | None] = ContextVar("tiered_node_call", default=None)

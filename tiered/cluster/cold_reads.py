@@ -47,6 +47,7 @@ from tiered.streams.locators import (
 )
 
 from .catchup import CacheKey, LocatorCache, catchup_offset, credential_key, start_of
+from .secret import SIGNATURE_HEADER
 
 __all__ = ["SERVED_BY", "CatchupReads", "shard_object_key"]
 
@@ -54,8 +55,9 @@ log = logging.getLogger(__name__)
 
 #: On an answer this node gave from the object store for a stream another node owns.
 SERVED_BY = "Tiered-Served-By"
-#: Requests with any of these are never served from locators (forwarded, fanned out, a redirect asked for).
-_NOT_CATCHUP = ("Tiered-Forwarded-By", "Tiered-Shard", "Tiered-Redirect")
+#: Requests with any of these are never served from locators (forwarded, fanned out, a redirect asked for,
+#: a node's signed call: its locator would be cached under "no credential", for anonymous readers to reuse).
+_NOT_CATCHUP = ("Tiered-Forwarded-By", "Tiered-Shard", "Tiered-Redirect", SIGNATURE_HEADER)
 
 Send = Callable[[Request], Awaitable[Response]]
 

@@ -12,8 +12,11 @@ taken for an orphan), reads the fork's address back from the pin's name,
 asks for the fork (``HEAD`` through shard routing) and deletes the pin when
 the answer is 404. Anything else (the fork is there, its shard has no owner
 right now, an error) keeps the pin for a later pass. A 404 must mean "no such
-stream", not "you may not know": the sweep runs only when the nodes can ask
-with the operator's admin token, or when authentication is off.
+stream", not "you may not know": the ``HEAD`` and the ``DELETE`` are this
+node's signed *system* calls (``subrequest.system_request``), which the
+engines authorize as the operator on stream routes, with authentication on
+or off and with no admin token. (An unsigned call, before this node read the
+cluster secret, is answered 401 with authentication on: nothing is deleted.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tiered.errors import TieredError
 from tiered.http.types import Request, Response
 from tiered.node import Node
 
-from .subrequest import internal_request
+from .subrequest import Sign, system_request
 from .xfork import PIN_PREFIX, pinned_fork, stream_url
 
 __all__ = ["PinSweeper"]
@@ -50,15 +53,12 @@ class PinSweeper:
         engines: Callable[[], dict[int, Node]],
         shard_of: Callable[[str, str], int],
         settings: SweepSettings,
-        admin_token: str | None,
-        auth_required: bool,
     ) -> None:
         self.engines = engines
         self.shard_of = shard_of
         self.settings = settings
-        self.admin_token = admin_token
-        self.auth_required = auth_required
         self.send: Send | None = None
+        self.sign: Sign | None = None  # set by shard routing: this node's signature (``secret.py``)
         self.swept = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -74,12 +74,9 @@ class PinSweeper:
             except Exception:
                 log.exception("sweeping fork pins failed; the next pass tries again")
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
-
     async def sweep_once(self) -> int:
         """One pass over the shards served here; how many pins it deleted."""
-        if self.send is None or (self.auth_required and not self.admin_token):
+        if self.send is None:
             return 0
         deleted = 0
         grace_ms = int(self.settings.cluster_fork_pin_grace_s * 1000)
@@ -106,7 +103,7 @@ class PinSweeper:
             return False
         try:
             found = await self.send(
-                internal_request("HEAD", stream_url(*fork), self._headers()), self.shard_of(*fork)
+                system_request(self.sign, "HEAD", stream_url(*fork), {}), self.shard_of(*fork)
             )
         except TieredError:
             return False
@@ -115,9 +112,7 @@ class PinSweeper:
     async def _delete(self, shard: int, bucket: str, pin: str) -> bool:
         assert self.send is not None
         try:
-            gone = await self.send(
-                internal_request("DELETE", stream_url(bucket, pin), self._headers()), shard
-            )
+            gone = await self.send(system_request(self.sign, "DELETE", stream_url(bucket, pin), {}), shard)
         except TieredError:
             return False
         if gone.status in (204, 404):

@@ -17,15 +17,23 @@ to well within that: NTP). Every refusal is a 401 ``UNAUTHORIZED`` with the
 protocol's error body.
 
 A valid signature within the window may be *replayed* (there is no nonce
-cache: the forwarder itself resends a read after an ownership change). That is
-acceptable because everything a signature grants is idempotent: reading a
-shard's stream listing, installing a token record by id (identical record:
-no-op), revoking by id, and the ``uncounted`` mark (a replayed sub-request is
-simply not counted in usage again). The body is signed, so a captured install
-cannot be turned into one with another secret's hash.
+cache: the forwarder itself resends a read after an ownership change), but
+only as the very request it signs (method, target, shard and body are
+covered). What a signature grants: reading a shard's stream listing,
+installing a token record by id (identical record: no-op), revoking by id,
+the ``uncounted`` mark (a replayed sub-request is simply not counted in usage
+again), and the ``system`` mark: the operator's authority on *stream* routes
+for that one request (a wake event appended to a wake stream, a fork pin's
+create, read or delete, the sweep's ``HEAD`` of a fork). A replay of a
+captured system call within the window repeats it: a duplicate wake event
+(wakes are at-least-once anyway), a pin created again (swept once its
+grace passed), a pin deleted again (harmless unless a fork of the same name
+was created again within the window: its source then loses the pin). The body is signed, so a captured
+install cannot be turned into one with another secret's hash.
 
 Marks: ``uncounted`` (a fan-out or scatter sub-request to a shard other than
-the bucket's well-known one: the client's request is counted once, there).
+the bucket's well-known one: the client's request is counted once, there);
+``system`` (a node's own work, ``tiered.auth.node_call.SYSTEM``).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import secrets
 from urllib.parse import unquote
 
 from tiered.auth.credentials import invalid_credential
-from tiered.auth.node_call import UNCOUNTED, NodeCall
+from tiered.auth.node_call import SYSTEM, UNCOUNTED, NodeCall
 from tiered.clock import Clock
 
 from .cas import AlreadyExists, CasStore
@@ -61,7 +69,7 @@ SECRET_KEY = ROOT + "secret.json"
 SIGNATURE_HEADER = "Tiered-Node-Signature"
 SECRET_BYTES = 32
 WINDOW_MS = 60_000
-MARKS = frozenset({UNCOUNTED})
+MARKS = frozenset({UNCOUNTED, SYSTEM})
 _VERSION = "v1"
 
 

@@ -33,17 +33,20 @@ as they are:
   delays writes by that much at most, and learns the append from a later post.
 
 Wake events of pull-wake subscriptions whose wake stream is in another shard
-are appended through routing too (``remote_append``).
+are appended through routing too (``remote_append``), signed by this node as
+a *system* call (``subrequest.system_request``): the wake stream's engine
+authorizes it as the operator on that stream, with or without an admin token
+and whatever the subscription's creator's credential (it needed admin on the
+default bucket to name the wake stream).
 
 The feed post and the barrier's syncs are signed by the sending node
-(``secret.py``, verified by shard routing before they are served); the
-operator's admin token is accepted too, and anyone when authentication is off.
+(``secret.py``, verified by shard routing before they are served); nothing
+else is accepted when authentication is on (no admin token needed).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -60,8 +63,8 @@ from tiered.streams.records import Appended, BucketErased, StreamCreated, Stream
 from tiered.subscriptions.state import is_reserved
 
 from .routing import SUBSCRIPTIONS_KEY, route_key
-from .secret import SIGNATURE_HEADER
-from .subrequest import internal_request
+from .secret import SIGNATURE_HEADER, target_of
+from .subrequest import Sign, internal_request, system_request
 
 __all__ = ["FEED_PATH", "FEED_SYNC_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds", "defines_links"]
 
@@ -79,8 +82,6 @@ _RETRY_S = 0.5
 _SUPERVISE_S = 0.2
 
 Send = Callable[[Request, int], Awaitable[Response]]
-#: ``(method, path, shard, body)`` -> this node's signature header for that request (``secret.py``), or None.
-Sign = Callable[[str, str, str, bytes], str | None]
 
 
 def _signed(
@@ -88,7 +89,7 @@ def _signed(
 ) -> dict[str, str]:
     """``headers`` aimed at ``shard`` and signed by this node when it can (verified by the serving node)."""
     out = {**headers, TARGET_SHARD: str(shard)}
-    header = sign(method, path, str(shard), body) if sign is not None else None
+    header = sign(method, target_of(path, ""), str(shard), body, frozenset()) if sign is not None else None
     if header is not None:
         out[SIGNATURE_HEADER] = header
     return out
@@ -214,14 +215,12 @@ class FeedSender:
         engine: Node,
         send: Send,
         target: Callable[[], int],
-        auth: str | None,
         sign: Sign | None = None,
     ) -> None:
         self.shard = shard
         self.engine = engine
         self.send = send
         self.target = target
-        self.auth = auth
         self.sign = sign
         self.dirty: set[str] = set()
         self.full = True
@@ -302,8 +301,6 @@ class FeedSender:
         """One post; True when a full snapshot must follow at once (a new receiver)."""
         batch, dirty, full = self._batch()
         headers = {"Content-Type": "application/json"}
-        if self.auth:
-            headers["Authorization"] = f"Bearer {self.auth}"
         body = msgspec.json.encode(batch)
         try:
             target = self.target()
@@ -349,13 +346,11 @@ class SubscriptionFeeds:
         self,
         shard_count: Callable[[], int],
         shard_of: Callable[[str, str], int],
-        admin_token: str | None,
         auth_required: bool,
     ) -> None:
         self.shard_count = shard_count
         self.sign: Sign | None = None  # set by shard routing: this node's signature (``secret.py``)
         self.shard_of = shard_of
-        self.admin_token = admin_token
         self.auth_required = auth_required
         self.send: Send | None = None
         self.senders: dict[int, FeedSender] = {}
@@ -381,7 +376,7 @@ class SubscriptionFeeds:
             return
         if sender is not None:
             sender.close()
-        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.admin_token, self.sign)
+        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.sign)
 
     def supervise(self, engines: dict[int, Node]) -> None:
         """Feeds for the engines served now; the ones of engines gone are closed."""
@@ -416,20 +411,15 @@ class SubscriptionFeeds:
             return
         await sender.notified()
 
-    def _authorized(self, request: Request, call: object | None) -> bool:
-        """A node's signed call (``call``), the operator's admin token, or anyone when auth is off."""
-        if call is not None:
-            return True
-        if self.admin_token:
-            given = request.headers.get("Authorization", "")
-            return hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode())
-        return not self.auth_required
+    def _authorized(self, call: object | None) -> bool:
+        """A node's signed call (``call``), or anyone when auth is off."""
+        return call is not None or not self.auth_required
 
     async def handle(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
         """``POST FEED_PATH`` on the subscriptions' shard (served here)."""
         if request.method != "POST":
             raise TieredError(ErrorCode.METHOD_NOT_ALLOWED, "the feed takes POST", allow="POST")
-        if not self._authorized(request, call):
+        if not self._authorized(call):
             raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed is for the cluster's nodes")
         try:
             batch = _decode_batch(await request.body())
@@ -455,8 +445,6 @@ class SubscriptionFeeds:
             return
         send, target = self.send, self.target()
         headers = {"Content-Type": "application/json"}
-        if self.admin_token:
-            headers["Authorization"] = f"Bearer {self.admin_token}"
 
         async def one(shard: int) -> None:
             request = internal_request(
@@ -472,7 +460,7 @@ class SubscriptionFeeds:
 
     async def sync(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
         """``POST FEED_SYNC_PATH`` for ``shard``, served here: post now, then answer."""
-        if not self._authorized(request, call):
+        if not self._authorized(call):
             raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed is for the cluster's nodes")
         self.ensure(shard, engine)
         sender = self.senders.get(shard)
@@ -485,13 +473,10 @@ class SubscriptionFeeds:
         """Append a wake event to another shard's stream; False: try again later."""
         if self.send is None:
             return False
-        headers = {"Content-Type": "application/json"}
-        if self.admin_token:
-            headers["Authorization"] = f"Bearer {self.admin_token}"
-
+        url = "/v1/stream/" + quote(path, safe="/")
         try:
             response = await self.send(
-                internal_request("POST", "/v1/stream/" + quote(path, safe="/"), headers, event),
+                system_request(self.sign, "POST", url, {"Content-Type": "application/json"}, event),
                 self.shard_of(DEFAULT_BUCKET, path),
             )
         except TieredError as exc:

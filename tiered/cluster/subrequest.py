@@ -3,15 +3,25 @@
 They go through shard routing like a client's (served here or forwarded), so
 they must look like an adapter's requests: header lookups are
 case-insensitive, as ``Request`` promises its handlers.
+
+``system_request`` signs one as a *system* call (``tiered.auth.node_call.SYSTEM``):
+the serving engine authorizes it as the operator on stream routes, with no
+admin token and no client credential (wake events, fork pins, the pin sweep).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from tiered.auth.node_call import SYSTEM_MARKS
 from tiered.http.types import Request
 
-__all__ = ["internal_request"]
+from .secret import SIGNATURE_HEADER, target_of
+
+__all__ = ["Sign", "internal_request", "system_request"]
+
+#: ``(method, target, shard, body, marks)`` -> this node's signature header (``secret.py``); None: no signer yet.
+Sign = Callable[[str, str, str, bytes, frozenset[str]], str | None]
 
 
 class _Headers(dict[str, str]):
@@ -36,3 +46,14 @@ def internal_request(
         return body
 
     return Request(method, path, query, _Headers({k.lower(): v for k, v in headers.items()}), read)
+
+
+def system_request(
+    sign: Sign | None, method: str, path: str, headers: Mapping[str, str], body: bytes = b"", query: str = ""
+) -> Request:
+    """``internal_request`` signed by this node as a system call (unsigned while it has no signer)."""
+    signed = dict(headers)
+    header = sign(method, target_of(path, query), "", body, SYSTEM_MARKS) if sign is not None else None
+    if header is not None:
+        signed[SIGNATURE_HEADER] = header
+    return internal_request(method, path, signed, body, query)

@@ -30,9 +30,15 @@ to the owner):
    source's engine drops its fork count and, if the source was soft-deleted,
    removes it (cascade), as on one node.
 
-Sub-requests carry the operator's admin token when one is configured (the
-fork's engine already checked that the caller may read the source), else the
-caller's own ``Authorization``.
+Sub-requests are this node's signed *system* calls (``subrequest.system_request``),
+authorized as the operator on the pin's stream routes: the fork's engine
+already checked, before it asked, that the caller may write the fork and read
+the source (``tiered.http.auth``, ``Stream-Forked-From``, prefix grants
+included), which is all a fork needs on one node. So a caller with read on
+the source but no write in its bucket forks across shards too; the pin (in
+the source's bucket) is the node's, not the caller's. Not counted in the
+source bucket's usage either (the client's fork is counted once, in its own).
+Only a node without a signer yet sends the caller's own ``Authorization``.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ from tiered.ids import DEFAULT_BUCKET, MAX_STREAM_PATH, format_offset, parse_off
 from tiered.streams.model import ForkCopy, ForkRequest
 from tiered.streams.protocol import parse_expires_at
 
+from .secret import SIGNATURE_HEADER
 from .shards import shard_of
-from .subrequest import internal_request
+from .subrequest import Sign, internal_request, system_request
 
 __all__ = ["PIN_PREFIX", "CrossShardForks", "pin_name", "pinned_fork", "stream_url"]
 
@@ -143,27 +150,30 @@ class CrossShardForks:
         shard: int,
         shard_count: Callable[[], int],
         send: Send,
-        admin_token: str | None,
+        sign: Sign | None,
     ) -> None:
         self.shard = shard
         self.shard_count = shard_count
         self.send = send
-        self.admin_token = admin_token
-
-    def _headers(self, client: Mapping[str, str] | None, extra: Mapping[str, str]) -> dict[str, str]:
-        headers = dict(extra)
-        if self.admin_token:
-            headers["Authorization"] = f"Bearer {self.admin_token}"
-        elif client is not None and (auth := client.get("Authorization")) is not None:
-            headers["Authorization"] = auth
-        return headers
+        self.sign = sign
 
     async def _call(
-        self, method: str, bucket: str, path: str, shard: int, headers: dict[str, str], query: str = ""
+        self,
+        method: str,
+        bucket: str,
+        path: str,
+        shard: int,
+        client: Mapping[str, str] | None,
+        extra: Mapping[str, str] | None = None,
+        query: str = "",
     ) -> Response:
-        return await self.send(
-            internal_request(method, stream_url(bucket, path), headers, query=query), shard
-        )
+        url, extra = stream_url(bucket, path), extra or {}
+        request = system_request(self.sign, method, url, extra, query=query)
+        if request.headers.get(SIGNATURE_HEADER) is None and client is not None:
+            auth = client.get("Authorization")  # no signer yet: the caller's own credential
+            if auth is not None:
+                request = internal_request(method, url, {**extra, "Authorization": auth}, query=query)
+        return await self.send(request, shard)
 
     def _pin(self, fork: tuple[str, str], source: tuple[str, str]) -> tuple[str, int]:
         count = self.shard_count()
@@ -178,7 +188,7 @@ class CrossShardForks:
             raise TieredError(ErrorCode.FORK_SOURCE_NOT_FOUND, "fork source stream not found")
         pin, shard = self._pin(target, source)
         passed = {h: v for h in _PASSED if (v := headers.get(h)) is not None}
-        created = await self._call("PUT", source[0], pin, shard, self._headers(headers, passed))
+        created = await self._call("PUT", source[0], pin, shard, headers, passed)
         if created.status >= 300:
             raise _refusal(created)
         try:
@@ -196,7 +206,7 @@ class CrossShardForks:
         shard: int,
         headers: Mapping[str, str],
     ) -> ForkRequest:
-        head = await self._call("HEAD", source[0], pin, shard, self._headers(headers, {}))
+        head = await self._call("HEAD", source[0], pin, shard, headers)
         if head.status != 200:
             raise _refusal(head)
         h = {k.lower(): v for k, v in head.headers.items()}  # a forwarded answer's names are as sent
@@ -235,7 +245,7 @@ class CrossShardForks:
             if offset >= tail:
                 break
             query = f"offset={format_offset(offset)}"
-            got = await self._call("GET", bucket, pin, shard, self._headers(headers, {}), query)
+            got = await self._call("GET", bucket, pin, shard, headers, query=query)
             if got.status != 200 or not isinstance(got.body, bytes):
                 raise _refusal(got)
             answer = {k.lower(): v for k, v in got.headers.items()}
@@ -262,7 +272,7 @@ class CrossShardForks:
         source = _source_of(spec)
         try:
             pin, shard = self._pin((bucket, path), source)
-            gone = await self._call("DELETE", source[0], pin, shard, self._headers(headers, {}))
+            gone = await self._call("DELETE", source[0], pin, shard, headers)
         except TieredError as exc:
             log.warning("fork %s/%s: its pin on %s/%s stays (%s)", bucket, path, *source, exc.message)
             return

@@ -19,6 +19,11 @@ One table for every route (the routes themselves know nothing of auth):
 | ``/v1/admin/...``, ``/metrics``, ``DELETE /v1/buckets/{b}`` | the operator's admin token | | |
 | ``/healthz``, ``/readyz``, the webhook JWKS, unknown routes | open | | |
 
+A node's signed *system* call (``tiered.auth.node_call.SYSTEM``: a wake
+event, a fork pin, the pin sweep) is the operator on the stream routes
+(``system_may``) and nothing more: the bucket, subscription, group, admin,
+token and metrics routes judge it as the request it otherwise is.
+
 ``missing`` is what the route answers when the thing does not exist, which is
 exactly what a caller without a grant on the bucket gets (404), so bucket and
 stream names do not leak.
@@ -94,6 +99,11 @@ def _bucket_missing(bucket: str) -> TieredError:
 
 def fork_missing() -> TieredError:
     return TieredError(ErrorCode.FORK_SOURCE_NOT_FOUND, "fork source stream not found")
+
+
+def system_may(access: Access) -> bool:
+    """Whether a node's system call may act as the operator here: on a stream route, nowhere else."""
+    return access.kind is Kind.BUCKET and access.raw_path is not None
 
 
 class AccessMap:

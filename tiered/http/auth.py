@@ -2,7 +2,8 @@
 
 ``tiered.http.access`` says what a request touches; ``AuthService`` turns the
 ``Authorization`` header into a ``Principal`` (tiered token, the operator's
-admin token, or a JWT); ``tiered.auth.credentials.authorize`` judges it:
+admin token, or a JWT), or takes a node's signed system call on a stream route for the
+operator (``tiered.http.access.system_may``); ``tiered.auth.credentials.authorize`` judges it:
 
 * no credential where one is needed: 401 with ``WWW-Authenticate: Bearer``;
   a credential that is not valid (unknown, revoked, expired, forged): 401;
@@ -19,12 +20,16 @@ Credentials never reach logs or error bodies: refusals name no token.
 
 from __future__ import annotations
 
+from tiered.auth import node_call
 from tiered.auth.credentials import Level, Principal, Verdict, authorize, forbidden, unauthenticated, visible
 from tiered.auth.live import Lease
 from tiered.auth.service import AuthService
 
-from .access import Access, AccessMap, Kind, fork_missing, resolve
+from .access import Access, AccessMap, Kind, fork_missing, resolve, system_may
 from .types import Handler, LiveLease, Middleware, Request, Response, after_body
+
+#: A node's system call on a stream route: the operator's authority there (``node_call.SYSTEM``).
+SYSTEM = Principal(id="node", kind="node", operator=True)
 
 
 class _Caller:
@@ -87,7 +92,11 @@ def auth_middleware(service: AuthService, access_map: AccessMap) -> Middleware:
             if kind is Kind.OPEN or kind is Kind.OPERATOR or kind is Kind.SELF:
                 request.access = access
                 return await handler(request)
-            principal = service.authenticate(request.headers.get("Authorization"))
+            call = node_call.current()
+            if call is not None and call.system and system_may(access):
+                principal: Principal | None = SYSTEM  # a node's own work (signature verified by routing)
+            else:
+                principal = service.authenticate(request.headers.get("Authorization"))
             if kind is Kind.BODY:
                 if principal is None:
                     raise unauthenticated()  # before reading a body for anyone

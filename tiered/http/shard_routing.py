@@ -47,6 +47,9 @@ verified before its shard's engine sees it (401 if it is not valid), and the
 engine serves it as a node's call (``tiered.auth.node_call``). Sub-requests
 of a fan-out or scatter to shards other than the bucket's well-known one are
 signed ``uncounted``: the client's request is counted once, in that shard.
+This node's own work on streams (wake events of the subscriptions' shard,
+cross-shard fork pins, the pin sweep) is signed ``system``
+(``tiered.auth.node_call.SYSTEM``): no admin token needed.
 """
 
 from __future__ import annotations
@@ -103,28 +106,26 @@ def shard_routing(
 ) -> Handler:
     """``engine_handler(engine)`` is the router of one shard's engine (built once per engine)."""
     handlers: dict[int, tuple[Node, Handler]] = {}
-    admin_token = cluster.config.admin_token()
+
+    def sign(method: str, target: str, shard: str, body: bytes, marks: frozenset[str]) -> str | None:
+        """This node's signature of one of its own requests (``secret.py``); None: no secret read yet."""
+        signer: NodeSigner | None = getattr(cluster, "signer", None)  # stand-in views have none
+        return signer.header(method, target, shard, body, marks) if signer is not None else None
+
     # Streams of every shard feed the subscriptions' shard (``tiered.cluster.sub_feed``).
-    feeds = SubscriptionFeeds(
-        cluster.shard_count, cluster.shard_of, admin_token, cluster.config.auth not in ("", "none")
-    )
+    feeds = SubscriptionFeeds(cluster.shard_count, cluster.shard_of, cluster.config.auth not in ("", "none"))
     cluster.side_jobs.append(lambda stop: feeds.run(cluster.host.engines.copy, stop))
     # Pins of cross-shard forks whose fork is gone are deleted (``tiered.cluster.pin_sweep``).
-    pins = PinSweeper(
-        cluster.host.engines.copy,
-        cluster.shard_of,
-        cluster.config,
-        admin_token,
-        cluster.config.auth not in ("", "none"),
-    )
+    pins = PinSweeper(cluster.host.engines.copy, cluster.shard_of, cluster.config)
     cluster.side_jobs.append(pins.run)
+    feeds.sign = pins.sign = sign
 
     def handler_of(shard: int, engine: Node) -> Handler:
         known = handlers.get(shard)
         if known is None or known[0] is not engine:
             known = handlers[shard] = (engine, engine_handler(engine))
             # Forks of streams in other shards: pinned and copied through this routing (``xfork``).
-            engine.streams.remote_forks = CrossShardForks(shard, cluster.shard_count, to_shard, admin_token)
+            engine.streams.remote_forks = CrossShardForks(shard, cluster.shard_count, to_shard, sign)
         return known[1]
 
     async def route(request: Request) -> Response:
@@ -363,12 +364,6 @@ def shard_routing(
         return await forwarder.forward(request, owner[1], shard)
 
     feeds.send = pins.send = to_shard
-
-    def sign(method: str, path: str, shard: str, body: bytes) -> str | None:
-        signer: NodeSigner | None = getattr(cluster, "signer", None)  # stand-in views have none
-        return signer.header(method, target_of(path, ""), shard, body) if signer is not None else None
-
-    feeds.sign = sign
     return route
 
 
