@@ -15,10 +15,3 @@ from .test_http_buckets import *  # noqa: F403  (the same tests, with the fixtur
 @pytest.fixture(scope="module")
 def srv(moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield from cluster_module_server(moto_s3, tmp_path_factory, "buckets")
-
-
-@pytest.mark.skip(
-    reason="it forks a stream of another shard: forks across shards are cluster-fork-subs' part"
-)
-def test_bucket_streams_support_the_whole_protocol() -> None:
-    pass
