@@ -121,9 +121,15 @@ def new_bucket(srv: ServerProcess) -> str:
 
 
 def issue(srv: ServerProcess, bucket: str, scope: str = "write", **extra: Any) -> dict[str, Any]:
-    status, body = call(
-        srv, "POST", "/v1/admin/tokens", {"bucket": bucket, "scope": scope, **extra}, OPERATOR
-    )
+    """Retried on 503 + Retry-After as a client does (a node's view of a shard that just moved may
+    name no serving owner for a moment; an issue needs every shard)."""
+    for _ in range(20):
+        status, body = call(
+            srv, "POST", "/v1/admin/tokens", {"bucket": bucket, "scope": scope, **extra}, OPERATOR
+        )
+        if status != 503:
+            break
+        time.sleep(float(body["error"]["retry_after_s"]))
     assert status == 201, body
     return body
 

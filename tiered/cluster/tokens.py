@@ -37,6 +37,7 @@ own token table, so every shard must hold every token. The token routes
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -52,6 +53,8 @@ from tiered.http.admin_auth import AdminGuard
 from tiered.http.types import Request, Response, json_response
 from tiered.ids import DEFAULT_BUCKET, validate_bucket, validate_stream_path
 from tiered.parsing import decode_body
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TOKENS_PATH", "ClusterTokens", "is_token_path"]
 
@@ -196,6 +199,12 @@ class ClusterTokens:
         )
         if all(isinstance(r, Response) and r.status < 300 for r in got):
             return
+        failed = {
+            s: (r.status if isinstance(r, Response) else repr(r))
+            for s, r in zip(shards, got, strict=True)
+            if not (isinstance(r, Response) and r.status < 300)
+        }
+        log.warning("token %s not installed on shards %s; rolling it back", record.id, failed)
         await self._roll_back(request, record.id)
         raise _not_everywhere()
 
