@@ -312,3 +312,49 @@ def test_run_repeats_passes_until_stopped_then_hands_off() -> None:
             assert lease.free and lease.last_owner == "x"
 
     asyncio.run(scenario())
+
+
+@dataclass
+class SlowEngines(Hooks):
+    """Hooks like ``ShardHost``'s: ``serve`` restores (gated here) then starts an engine, or keeps the one running."""
+
+    gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    engines: dict[int, int] = field(default_factory=dict)  # shard -> epoch its engine was restored for
+
+    async def serve(self, shard: int, epoch: int) -> None:
+        self.calls.append(("serve", shard))
+        if shard in self.engines:
+            return  # ShardHost.serve keeps a running engine
+        gate = self.gates.get(shard)
+        if gate is not None:
+            await gate.wait()
+        self.engines[shard] = epoch
+
+    def stopped(self, shard: int, reason: str) -> None:
+        super().stopped(shard, reason)
+        self.engines.pop(shard, None)
+
+
+def test_an_engine_restored_for_a_dropped_hold_is_never_served_under_a_later_one(sim: Sim) -> None:
+    """A restore still running when its hold is dropped (its incarnation declared dead) and the shard
+    is taken again: the engine it starts holds the chain as it was before the drop (another owner may
+    have acknowledged appends since), so it is stopped, and the new hold restores afresh."""
+    hooks = SlowEngines()
+    config = NodeConfig("x", "http://x", TIMING, shard_count=1, serve_in_background=True)
+    a = ClusterNode(sim.store, config, sim.clocks.setdefault("x", NodeClock(sim.world, origin=1000.0)),
+                    nonce=nonce_source(sim.rng), hooks=hooks)  # fmt: skip
+    hooks.gates[0] = gate = asyncio.Event()
+    sim.rounds([a], 1)
+    first = a.holds[0].epoch
+    assert a.serving() == {} and 0 not in hooks.engines  # restoring
+    a._fenced_self("declared dead (test)")  # dropped while its restore runs
+    sim.rounds([a], 14)  # rejoins as incarnation 2 once the first one's window is surely over
+    assert a.incarnation == 2 and 0 in a.holds
+    second = a.holds[0].epoch
+    assert second > first and a.serving() == {}
+    gate.set()  # the stale restore finishes now, under the new hold
+    del hooks.gates[0]
+    sim.run(asyncio.sleep(0))
+    sim.rounds([a], 2)
+    assert a.serving() == {0: second}
+    assert hooks.engines == {0: second}, "the engine restored for the dropped hold was kept"

@@ -836,8 +836,11 @@ class ClusterNode:
             exc = None if task.cancelled() else task.exception()
             current = self.holds.get(shard)
             if current is not hold:
-                if current is None:
-                    self.hooks.stopped(shard, "dropped while starting")
+                # Its hold was dropped: the engine it started (if any) holds the chain as restored
+                # then; another owner may have acknowledged appends since. Stopped even when the
+                # shard was taken again meanwhile (that hold's own serve waited for this task and
+                # restores afresh); serving it would lose those appends and reuse their offsets.
+                self.hooks.stopped(shard, "dropped while starting")
                 return
             if exc is not None or task.cancelled():
                 self._drop(shard, f"could not start serving: {exc!r}")
