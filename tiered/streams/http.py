@@ -24,7 +24,7 @@ from tiered.parsing import parse_uint
 
 from .locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from .model import AppendRequest, CreateRequest, ForkRequest, Stream
-from .protocol import next_cursor, parse_closed, parse_expires_at
+from .protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
 from .service import StreamService
 from .sse import control_event, credential_event, data_event, utf8_boundary
 
@@ -131,6 +131,7 @@ class StreamRoutes:
             self._addresses[request.path] = address
         bucket, path = address
         headers = request.headers
+        check_header_lengths(headers)  # first: an oversized value costs one comparison
         for name in _TEXT_HEADERS:
             value = headers.get(name)
             if value is not None and not _clean_header(value):

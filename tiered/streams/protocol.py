@@ -3,12 +3,21 @@
 Everything here is pure: it turns header strings into values or raises a
 ``BAD_REQUEST`` ``TieredError`` with a message a client developer can act on.
 Integers go through ``tiered.parsing.parse_uint`` (ASCII digits only).
+
+Headers whose values the server keeps (in the journal, snapshots and memory)
+or sends back have a length limit, in UTF-8 bytes (``HEADER_LIMITS``; README,
+"Limits"): a value beyond it is a 400 naming the header and its limit, before
+anything else reads it. The numeric headers (``Stream-TTL``,
+``Producer-Epoch``, ``Producer-Seq``, ``Stream-Fork-Sub-Offset``) are bounded by
+``parse_uint`` (20 digits), ``Stream-Fork-Offset`` by the offset format (33
+characters); ``Stream-Closed`` is only compared, never kept.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from tiered.errors import ErrorCode, TieredError
@@ -20,6 +29,42 @@ CURSOR_INTERVAL_S = 20
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+#: The longest value, in UTF-8 bytes, of each protocol header whose value is stored or echoed.
+#: ``Producer-Id`` is kept per producer (a UUID is 36); ``Content-Type`` is stored with the
+#: stream and sent with every read (RFC 6838 names are at most 127 + 1 + 127); ``Stream-Seq``
+#: is kept per stream; ``Stream-Expires-At`` is echoed verbatim (RFC 3339 needs 35 at most,
+#: the rest is room for fractional digits); ``Stream-Forked-From`` is a stream URL whose path
+#: (1,024 bytes at most) may be percent-encoded three bytes a byte.
+HEADER_LIMITS: dict[str, int] = {
+    "Producer-Id": 256,
+    "Content-Type": 256,
+    "Stream-Seq": 256,
+    "Stream-Expires-At": 64,
+    "Stream-Forked-From": 4096,
+}
+
+
+def check_header_lengths(headers: Mapping[str, str]) -> None:
+    """Refuse (400) a stored or echoed protocol header longer than its limit (``HEADER_LIMITS``).
+
+    Runs before any other check reads the value, so an oversized one costs one
+    length comparison (a character is at least one UTF-8 byte: only values
+    with non-ASCII characters within the limit are encoded to count them).
+    """
+    for name, limit in HEADER_LIMITS.items():
+        value = headers.get(name)
+        if value is None:
+            continue
+        if len(value) > limit or (
+            not value.isascii() and len(value.encode("utf-8", "surrogatepass")) > limit
+        ):
+            raise TieredError(
+                ErrorCode.BAD_REQUEST,
+                f"{name} is longer than its limit of {limit} bytes",
+                header=name,
+                limit=limit,
+            )
 
 
 def parse_closed(value: str | None) -> bool:
