@@ -12,6 +12,7 @@ class GcReport:
     started_ms: int = 0
     finished_ms: int = 0
     streams_expired: int = 0
+    producer_states_expired: int = 0  # idempotent producers idle past --producer-ttl-s
     retention_advanced: int = 0
     bytes_released: int = 0  # stream bytes no reader can reach any more
     objects_released: int = 0  # objects with no owner, waiting out the grace delay
@@ -36,6 +37,7 @@ class GcTotals:
     bytes_reclaimed: int = 0
     objects_deleted: int = 0
     orphans_found: int = 0
+    producer_states_expired: int = 0
     integrity_errors: int = 0
     errors: int = 0
     last_pass_ms: int = 0

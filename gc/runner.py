@@ -3,8 +3,9 @@
 One pass is bounded (``max_objects`` per task), resumable (every task is a
 journaled lifecycle a restart continues) and idempotent (running it twice
 changes nothing the first did not). ``tiered gc`` triggers one over the admin
-API or runs one offline. Tasks, in order: expiry, retention, hot copies and
-segments, released objects, reconciliation (every ``reconcile_interval_s``).
+API or runs one offline. Tasks, in order: expiry, producer expiry, retention,
+hot copies and segments, released objects, reconciliation (every
+``reconcile_interval_s``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .context import GcContext, GcPass, GcTask
 from .expiry import ExpireStreams
 from .hot_segments import ReleaseHotCopies
 from .orphans import ReconcileOrphans
+from .producers import ExpireProducers
 from .report import GcReport, GcTotals
 from .retention import ApplyRetention
 
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 def default_tasks() -> list[GcTask]:
     return [
         ExpireStreams(),
+        ExpireProducers(),
         ApplyRetention(),
         ReleaseHotCopies(),
         DeleteReleasedObjects(),
@@ -107,6 +110,7 @@ class GcRunner:
             t.bytes_reclaimed += report.bytes_deleted + max(0, hot_before - ctx.state.hot_bytes)
             t.objects_deleted += report.objects_deleted + report.orphans_deleted
             t.orphans_found += report.orphans_found
+            t.producer_states_expired += report.producer_states_expired
             t.errors += len(report.errors)
             if reconcile:  # only a reconciliation knows; other passes leave the gauge alone
                 t.integrity_errors = len(report.integrity_errors)

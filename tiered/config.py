@@ -134,6 +134,19 @@ class Config:
         5.0, "a cold read the object store has not answered by then gets 503 + Retry-After"
     )
     store_probe_interval_s: float = setting(5.0, "how often the object store is probed for /readyz")
+    # Idempotent producers (tiered/streams/producers.py). They decide what replay rebuilds: keep them
+    # the same for every command (and every node of a cluster) that opens a data dir.
+    producer_ttl_s: float = setting(
+        7 * 86400.0,
+        "an idempotent producer's state (epoch, sequence) is dropped this long after its last accepted "
+        "append; its next append is treated as a new producer's (protocol 5.2.1)",
+        ALL,
+    )
+    max_producers_per_stream: int = setting(
+        1000,
+        "producer states one stream keeps; a new producer beyond it evicts the longest idle one's",
+        ALL,
+    )
     # GC and administration.
     gc_interval_s: float = setting(60.0, "how often the server runs a GC pass (expiry, retention, deletion)")
     gc_grace_s: float = setting(
@@ -351,6 +364,8 @@ class Config:
                 raise ConfigError(f"{name} must not be negative (0 is unlimited)")
         if self.usage_interval_s <= 0 or self.usage_log_max_bytes <= 0 or self.usage_log_rotate_s <= 0:
             raise ConfigError("usage_interval_s, usage_log_max_bytes and usage_log_rotate_s must be positive")
+        if not (self.producer_ttl_s >= 0.001 and self.max_producers_per_stream >= 1):
+            raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
 

@@ -44,6 +44,7 @@ from .journal.committer import Committer
 from .journal.journal import Journal
 from .journal.segments import SegmentReaper
 from .journal.snapshot import SnapshotStore
+from .streams.producers import ProducerLimits
 from .streams.reader import StreamReader
 from .streams.service import StreamService
 from .streams.state import StreamState
@@ -62,9 +63,16 @@ from .tenants.usage_log import UsageLog
 log = logging.getLogger(__name__)
 
 
-def new_state() -> StreamState:
+def new_state(producer_limits: ProducerLimits | None = None) -> StreamState:
     """An empty state with every extension state machine registered."""
-    return StreamState([GroupsState(), SubscriptionState(), AuthState(), TenantState()])
+    return StreamState([GroupsState(), SubscriptionState(), AuthState(), TenantState()], producer_limits)
+
+
+def producer_limits(config: Config) -> ProducerLimits:
+    """The idempotent producers' expiry and cap the config sets (``tiered/streams/producers.py``)."""
+    return ProducerLimits(
+        ttl_ms=round(config.producer_ttl_s * 1000), max_per_stream=config.max_producers_per_stream
+    )
 
 
 async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectStore:
@@ -115,7 +123,8 @@ class Node:
         )
         self.tasks = BackgroundTasks()
         self.store_health = StoreHealth(clock=self.clock.monotonic)
-        self.state = new_state()
+        self.producer_limits = producer_limits(config)
+        self.state = new_state(self.producer_limits)
         self.store: ObjectStore | None = None
         self.claim: PrefixClaim | None = None
         self.recovered = False
@@ -210,7 +219,10 @@ class Node:
     async def _recover(self, *, read_only: bool) -> None:
         loop = asyncio.get_running_loop()
         self.state = await loop.run_in_executor(
-            None, lambda: self.journal.recover(read_only=read_only, new_state=new_state)
+            None,
+            lambda: self.journal.recover(
+                read_only=read_only, new_state=lambda: new_state(self.producer_limits)
+            ),
         )
 
     async def _open_store(self, *, read_only: bool, probe: bool) -> ObjectStore:

@@ -234,6 +234,22 @@ class NodeCollector:
 
         t = gc.totals
         yield gauge(
+            "tiered_producer_states",
+            "Idempotent producers with state on a stream (bounded by --max-producers-per-stream, expired "
+            "after --producer-ttl-s idle)",
+            sum(len(s.producers) for s in state.streams.values()),
+        )
+        dropped = CounterMetricFamily(
+            "tiered_producer_states_dropped",
+            "Producer states dropped: idle past --producer-ttl-s (expired), or the longest idle one evicted "
+            "by a new producer at --max-producers-per-stream (cap); either producer is treated as new",
+            labels=["reason"],
+        )
+        counts = node.streams.producer_states_dropped
+        dropped.add_metric(["expired"], counts["expired"] + t.producer_states_expired)
+        dropped.add_metric(["cap"], counts["cap"])
+        yield dropped
+        yield gauge(
             "tiered_gc_pending_deletions",
             "Objects no stream owns, waiting for their grace delay or their deletion",
             gc.pending_deletions(),

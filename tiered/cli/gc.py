@@ -65,6 +65,7 @@ def _online_pass(url: str, token: str | None, dry_run: bool) -> dict[str, Any]:
 def print_report(report: dict[str, Any], out: TextIO) -> None:
     rows = [
         ("streams expired", report["streams_expired"]),
+        ("producer states expired", report.get("producer_states_expired", 0)),
         ("retention advanced (streams)", report["retention_advanced"]),
         ("stream bytes released", report["bytes_released"]),
         ("objects awaiting deletion", report["objects_released"]),

@@ -28,7 +28,7 @@ from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
 from tiered.journal.journal import Journal
 from tiered.journal.snapshot import SnapshotStore
-from tiered.node import new_state, open_store
+from tiered.node import new_state, open_store, producer_limits
 from tiered.streams.state import StreamState
 
 
@@ -56,7 +56,8 @@ def open_read_only(config: Config) -> tuple[StreamState, SegmentLog]:
     data = config.data_path
     log_ = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
     journal = Journal(log_, SnapshotStore(data / "snapshots"))
-    return journal.recover(read_only=True, new_state=new_state), log_
+    limits = producer_limits(config)
+    return journal.recover(read_only=True, new_state=lambda: new_state(limits)), log_
 
 
 def verify_hot(state: StreamState, log_: SegmentLog) -> VerifyReport:

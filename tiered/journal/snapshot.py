@@ -20,6 +20,7 @@ from tiered.cold.chunk_index import ChunkIndex
 from tiered.hot.log import LogPosition
 from tiered.hot.segment import crc32c, fsync_dir
 from tiered.streams.model import ColdObject, ColdRef, HotChunks, ProducerState, Stream
+from tiered.streams.producers import total_bytes
 from tiered.streams.release import hot_contribution
 from tiered.streams.state import StreamState
 
@@ -45,7 +46,9 @@ class StreamSnap(msgspec.Struct, array_like=True):
     tail: int
     closed: bool
     closed_by: tuple[str, int, int] | None
-    producers: dict[str, tuple[int, int]]
+    # In least-recently-used order: (epoch, last seq, last append ms). Snapshots written before
+    # producer expiry hold pairs; their producers count as last seen at the stream's last access.
+    producers: dict[str, tuple[int, ...]]
     stream_seq: str | None
     chunks: tuple[bytes, bytes, bytes, bytes, bytes]
     cold_refs: list[tuple[int, int, str]]
@@ -101,7 +104,7 @@ def _stream_snap(s: Stream) -> StreamSnap:
         tail=s.tail,
         closed=s.closed,
         closed_by=s.closed_by,
-        producers={k: (p.epoch, p.last_seq) for k, p in s.producers.items()},
+        producers={k: (p.epoch, p.last_seq, p.last_ms) for k, p in s.producers.items()},
         stream_seq=s.stream_seq,
         chunks=tuple(a.tobytes() for a in c.arrays()),  # type: ignore[arg-type]
         cold_refs=[(r.start, r.end, r.key) for r in s.cold_refs],
@@ -121,6 +124,9 @@ def _stream_from_snap(n: StreamSnap) -> Stream:
     chunks = HotChunks()
     for arr, raw in zip(chunks.arrays(), n.chunks, strict=True):
         arr.frombytes(raw)
+    producers = {
+        k: ProducerState(p[0], p[1], p[2] if len(p) > 2 else n.last_access_ms) for k, p in n.producers.items()
+    }
     return Stream(
         uid=n.uid,
         bucket=n.bucket,
@@ -136,7 +142,8 @@ def _stream_from_snap(n: StreamSnap) -> Stream:
         tail=n.tail,
         closed=n.closed,
         closed_by=n.closed_by,
-        producers={k: ProducerState(e, q) for k, (e, q) in n.producers.items()},
+        producers=producers,
+        producer_bytes=total_bytes(producers),
         stream_seq=n.stream_seq,
         chunks=chunks,
         cold_refs=[ColdRef(a, b, k) for a, b, k in n.cold_refs],

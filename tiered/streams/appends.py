@@ -14,8 +14,10 @@ from tiered.content import media_type
 from tiered.errors import ErrorCode, TieredError
 from tiered.ids import format_offset
 
-from .model import AppendRequest, Duplicate, ProducerState, Stream
-from .records import Appended
+from . import producers
+from .model import AppendRequest, Duplicate, Stream
+from .producers import ProducerLimits
+from .records import Appended, ProducersExpired
 
 if TYPE_CHECKING:
     from .state import Location, StreamState
@@ -24,11 +26,14 @@ if TYPE_CHECKING:
 def decide_append(
     state: StreamState, bucket: str, path: str, req: AppendRequest, now_ms: int
 ) -> Appended | Duplicate:
-    return check_append(state.lookup(bucket, path, now_ms), req, now_ms)
+    return check_append(state.lookup(bucket, path, now_ms), req, now_ms, state.producer_limits)
 
 
-def check_append(s: Stream, req: AppendRequest, now_ms: int) -> Appended | Duplicate:
-    """The append rules for a stream already looked up (so an append looks it up once)."""
+def check_append(s: Stream, req: AppendRequest, now_ms: int, limits: ProducerLimits) -> Appended | Duplicate:
+    """The append rules for a stream already looked up (so an append looks it up once).
+
+    A producer whose state expired or was evicted (``producers``) is a new producer.
+    """
     if s.closed:
         ident = (req.producer, req.epoch, req.seq) if req.producer is not None else None
         if ident is not None and ident == s.closed_by:
@@ -45,10 +50,17 @@ def check_append(s: Stream, req: AppendRequest, now_ms: int) -> Appended | Dupli
             ErrorCode.CONTENT_TYPE_MISMATCH, f"content type does not match the stream's ({s.content_type})"
         )
     if req.producer is not None:
-        p = s.producers.get(req.producer)
-        if p is not None and req.epoch < p.epoch:
+        p = producers.live_state(s.producers, req.producer, now_ms, limits)
+        if p is None:
+            if req.seq != 0:
+                raise TieredError(
+                    ErrorCode.BAD_REQUEST,
+                    "this stream has no state for this producer (a new one, or its state expired or was "
+                    "evicted): a new producer starts at Producer-Seq 0",
+                )
+        elif req.epoch < p.epoch:
             raise TieredError(ErrorCode.STALE_PRODUCER_EPOCH, "stale producer epoch", epoch=p.epoch)
-        if p is None or req.epoch > p.epoch:
+        elif req.epoch > p.epoch:
             if req.seq != 0:
                 raise TieredError(ErrorCode.BAD_REQUEST, "a new producer epoch must start at sequence 0")
         elif req.seq <= p.last_seq:
@@ -84,8 +96,12 @@ def apply_appended(state: StreamState, record: Appended, location: Location | No
         s.tail = record.offset + len(record.data)
         state.note_hot(s.uid)
         state.hot_bytes += len(record.data)
-    if record.producer is not None:
-        s.producers[record.producer] = ProducerState(record.epoch, record.seq)
+    # Every append drops its stream's expired producer states (and, for a new producer at the cap,
+    # the longest idle one): the same plan the quota check charged (``producer_change``).
+    change = producers.apply(
+        s.producers, record.producer, record.epoch, record.seq, record.ts_ms, state.producer_limits
+    )
+    s.producer_bytes += change.bytes_delta
     if record.stream_seq is not None:
         s.stream_seq = record.stream_seq
     if record.close:
@@ -93,3 +109,29 @@ def apply_appended(state: StreamState, record: Appended, location: Location | No
         if record.producer is not None:
             s.closed_by = (record.producer, record.epoch, record.seq)
     s.last_access_ms = max(s.last_access_ms, record.ts_ms)
+
+
+def producer_change(state: StreamState, s: Stream, record: Appended) -> producers.ProducerChange:
+    """What applying ``record`` will do to ``s``'s producer states (charged before it is committed)."""
+    return producers.plan(s.producers, record.producer, record.ts_ms, state.producer_limits)
+
+
+def decide_producers_expired(state: StreamState, now_ms: int, limit: int) -> ProducersExpired | None:
+    """GC: streams (at most ``limit``) holding producer states idle past the TTL; None when there are none."""
+    limits = state.producer_limits
+    uids: list[int] = []
+    for s in state.streams.values():
+        first = next(iter(s.producers.values()), None)  # the longest idle
+        if first is not None and producers.expired(first, now_ms, limits):
+            uids.append(s.uid)
+            if len(uids) >= limit:
+                break
+    return ProducersExpired(ts_ms=now_ms, uids=tuple(uids)) if uids else None
+
+
+def apply_producers_expired(state: StreamState, record: ProducersExpired) -> None:
+    for uid in record.uids:
+        s = state.streams.get(uid)
+        if s is not None:
+            change = producers.apply(s.producers, None, 0, 0, record.ts_ms, state.producer_limits)
+            s.producer_bytes += change.bytes_delta

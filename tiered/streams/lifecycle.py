@@ -227,6 +227,8 @@ def apply_gone(state: StreamState, uid: int, ts_ms: int) -> None:
         return
     if s.forks > 0:
         s.soft_deleted = True
+        s.producers.clear()  # nobody appends to it again: its producer states hold nothing
+        s.producer_bytes = 0
         release.release_chain(state, s, ts_ms)
     else:
         _remove(state, s, ts_ms)

@@ -19,6 +19,7 @@ from tiered.content import is_json
 class ProducerState:
     epoch: int
     last_seq: int
+    last_ms: int = 0  # when its last append was accepted (expiry: ``producers``)
 
 
 class HotChunks:
@@ -106,7 +107,8 @@ class Stream:
     tail: int
     closed: bool = False
     closed_by: tuple[str, int, int] | None = None
-    producers: dict[str, ProducerState] = field(default_factory=dict)
+    producers: dict[str, ProducerState] = field(default_factory=dict)  # least recently used first
+    producer_bytes: int = 0  # derived: what ``producers`` counts towards the bucket's retained bytes
     stream_seq: str | None = None
     chunks: HotChunks = field(default_factory=HotChunks)
     cold_refs: list[ColdRef] = field(default_factory=list)

@@ -70,6 +70,17 @@ class StreamExpired(_Record, frozen=True, tag="expire.v1"):
     ts_ms: int
 
 
+class ProducersExpired(_Record, frozen=True, tag="producers.expire.v1"):
+    """GC: these streams drop the producer states idle past the producer TTL at ``ts_ms``.
+
+    Appends drop their stream's expired states as they apply; this reaches
+    streams nobody appends to any more, so what they held is released.
+    """
+
+    ts_ms: int
+    uids: tuple[int, ...]
+
+
 class CopyRange(msgspec.Struct, array_like=True, frozen=True):
     """A stream's byte range ``[start, end)`` that a cold object holds."""
 
@@ -157,6 +168,7 @@ StreamRecord = (
     | StreamDeleted
     | StreamTouched
     | StreamExpired
+    | ProducersExpired
     | ColdCopyStarted
     | ColdCopyCommitted
     | ColdCopyAborted

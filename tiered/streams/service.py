@@ -21,6 +21,7 @@ from tiered.ports import NOT_RECORDED, LatencyRecorder
 
 from . import appends, lifecycle
 from .model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
+from .producers import ProducerChange
 from .reader import StreamReader
 from .records import StreamCreated
 from .state import StreamState
@@ -33,7 +34,14 @@ class WriteGate(Protocol):
     """Checks a decided write against its bucket's quotas, right before it is committed."""
 
     def admit(
-        self, bucket: str, *, body_bytes: int, stored_bytes: int, new_streams: int, rated: bool
+        self,
+        bucket: str,
+        *,
+        body_bytes: int,
+        stored_bytes: int,
+        new_streams: int,
+        rated: bool,
+        state_bytes: int = 0,
     ) -> None: ...
 
 
@@ -92,6 +100,9 @@ class StreamService:
         self.closing = False  # set at shutdown: live readers finish at once
         # Forks of streams held elsewhere (cluster mode: ``tiered.cluster.xfork``), set by the cluster.
         self.remote_forks: RemoteForks | None = None
+        # Producer states appends dropped, by reason ("expired", "cap"): tiered_producer_states_dropped_total.
+        self.producer_states_dropped = {"expired": 0, "cap": 0}
+        self._cap_logged_ms: int | None = None  # the last eviction log line (one a minute at most)
 
     def begin_shutdown(self) -> None:
         """Release live readers so the HTTP server can drain quickly."""
@@ -272,21 +283,28 @@ class StreamService:
                 ):
                     req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
                 self.check_hot_capacity(len(req.data))
-                decided = appends.check_append(s, req, self.clock.now_ms())
-                if self.gate is not None and not isinstance(decided, Duplicate):
-                    self.gate.admit(
-                        s.bucket,
-                        body_bytes=body_bytes,
-                        stored_bytes=len(decided.data),
-                        new_streams=0,
-                        rated=True,
-                    )
+                decided = appends.check_append(s, req, self.clock.now_ms(), self.state.producer_limits)
+                change = None
+                if not isinstance(decided, Duplicate):
+                    change = appends.producer_change(self.state, s, decided)
+                    if self.gate is not None:
+                        self.gate.admit(
+                            s.bucket,
+                            body_bytes=body_bytes,
+                            stored_bytes=len(decided.data),
+                            new_streams=0,
+                            rated=True,
+                            state_bytes=change.bytes_delta,  # a new producer's state counts too
+                        )
             except TieredError as exc:
                 raise await self._refuse_when_durable(exc) from None
             if isinstance(decided, Duplicate):
                 # The original may still be on its way to disk: answer once it is.
                 await self.committer.settled()
                 return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
+            assert change is not None
+            if change.expired or change.evicted:
+                self._count_dropped(s, change)
             future = self.committer.commit_nowait([decided])
             tail, closed = s.tail, s.closed
             await self.committer.durable(future)
@@ -296,6 +314,26 @@ class StreamService:
             return AppendResult(s, tail, closed, False, bool(decided.data), decided.epoch, decided.seq)
         finally:
             self.append_seconds.observe(self.clock.monotonic() - started)
+
+    def _count_dropped(self, s: Stream, change: ProducerChange) -> None:
+        """Count producer states an append drops; evictions at the cap are logged (once a minute at most)."""
+        self.producer_states_dropped["expired"] += len(change.expired)
+        if not change.evicted:
+            return
+        self.producer_states_dropped["cap"] += len(change.evicted)
+        now = self.clock.now_ms()
+        if self._cap_logged_ms is None or now - self._cap_logged_ms >= 60_000:
+            self._cap_logged_ms = now
+            idle_s = (now - s.producers[change.evicted[0]].last_ms) // 1000
+            log.warning(
+                "stream %s/%s holds %d producer states (--max-producers-per-stream): a new producer evicted "
+                "the longest idle one's (idle %d s), which is now treated as new "
+                '(tiered_producer_states_dropped_total{reason="cap"} counts every eviction)',
+                s.bucket,
+                s.path[:200],
+                self.state.producer_limits.max_per_stream,
+                idle_s,
+            )
 
     async def delete(self, bucket: str, path: str, headers: Mapping[str, str] | None = None) -> None:
         """Delete (or soft-delete) a stream; ``headers``: the request's, should a pin elsewhere be released."""

@@ -10,7 +10,7 @@ record. Nothing here touches a disk, a socket or a clock: time comes in as
 ``StreamState`` holds the data and dispatches; the rules live by concern:
 
 * ``lifecycle``: buckets, create (and forks), delete, expiry, TTL touches, erasure;
-* ``appends``: appends, producers, closing;
+* ``appends``: appends, producers (their expiry and cap: ``producers``), closing;
 * ``cold_refs``: cold copies, hot trims, object reference counts, deletes;
 * ``release``: retention and what no reader can reach any more;
 * ``reads``: which hot and cold slices serve a byte range.
@@ -35,6 +35,7 @@ from .model import (
     Stream,
     StreamObserver,
 )
+from .producers import ProducerLimits
 from .records import (
     Appended,
     BucketCreated,
@@ -45,6 +46,7 @@ from .records import (
     ColdDeleteFinished,
     ColdDeleteStarted,
     HotTrimmed,
+    ProducersExpired,
     RetentionAdvanced,
     RetentionPolicySet,
     StreamCreated,
@@ -59,10 +61,19 @@ Location = tuple[int, int]
 class StreamState:
     """All streams and buckets, and the rules that change them."""
 
-    # Not journal state: wiring (which extension applies, or observes, which record type).
-    SOFT_STATE: ClassVar[tuple[str, ...]] = ("_extension_by_type", "_observers_by_type", "_hot_index")
+    # Not journal state: wiring (which extension applies, or observes, which record type), configuration.
+    SOFT_STATE: ClassVar[tuple[str, ...]] = (
+        "_extension_by_type",
+        "_observers_by_type",
+        "_hot_index",
+        "producer_limits",
+    )
 
-    def __init__(self, extensions: Sequence[StateExtension] = ()) -> None:
+    def __init__(
+        self, extensions: Sequence[StateExtension] = (), producer_limits: ProducerLimits | None = None
+    ) -> None:
+        # Configuration, not journal state: replay under the same limits rebuilds the same producers.
+        self.producer_limits = producer_limits or ProducerLimits()
         self.extensions: dict[str, StateExtension] = {e.name: e for e in extensions}
         self._extension_by_type: dict[type, StateExtension] = {
             t: e for e in extensions for t in e.record_types
@@ -201,6 +212,7 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     StreamCreated: lifecycle.apply_created,
     StreamDeleted: lambda st, r, _: lifecycle.apply_gone(st, r.uid, r.ts_ms),
     StreamExpired: lambda st, r, _: lifecycle.apply_gone(st, r.uid, r.ts_ms),
+    ProducersExpired: lambda st, r, _: appends.apply_producers_expired(st, r),
     StreamTouched: lambda st, r, _: lifecycle.apply_touched(st, r),
     BucketCreated: lambda st, r, _: lifecycle.apply_bucket_created(st, r),
     BucketErased: lambda st, r, _: lifecycle.apply_bucket_erased(st, r.name, r.ts_ms),

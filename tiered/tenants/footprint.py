@@ -1,4 +1,4 @@
-"""What each bucket holds: its streams and retained bytes (hot and cold), for quotas and gauges.
+"""What each bucket holds: its streams and retained bytes (hot, cold, producer state), for quotas and gauges.
 
 A stream's retained bytes are its own data still held: from
 ``max(fork_offset, keep_start)`` (what retention and deletes released is
@@ -6,7 +6,9 @@ gone) to its tail (or ``keep_end`` for a soft-deleted fork source). Bytes
 below ``cold_end`` are in cold objects, the rest only hot. A fork's inherited
 data is held (and counted) by its source's bucket. Streams count while they
 exist and are not soft-deleted (an expired stream counts until GC journals
-its expiry).
+its expiry). Idempotent producers' state counts too: ``Stream.producer_bytes``
+(``tiered/streams/producers.py``: each state's id plus 24 bytes), so a bucket
+cannot grow without bound through producer ids.
 
 ``footprints`` walks every stream (gauges, the usage API). The quota checks
 on the write path use ``FootprintCache``: per-bucket totals kept up to date by
@@ -24,6 +26,7 @@ from tiered.streams.model import Stream
 from tiered.streams.records import (
     Appended,
     BucketErased,
+    ProducersExpired,
     RetentionAdvanced,
     StreamCreated,
     StreamDeleted,
@@ -49,10 +52,11 @@ class Footprint:
     streams: int = 0
     hot_bytes: int = 0
     cold_bytes: int = 0
+    producer_bytes: int = 0  # idempotent producers' state
 
     @property
     def retained_bytes(self) -> int:
-        return self.hot_bytes + self.cold_bytes
+        return self.hot_bytes + self.cold_bytes + self.producer_bytes
 
 
 def footprints(state: StreamState) -> dict[str, Footprint]:
@@ -67,6 +71,7 @@ def footprints(state: StreamState) -> dict[str, Footprint]:
         hot, cold = retained_bytes(s)
         fp.hot_bytes += hot
         fp.cold_bytes += cold
+        fp.producer_bytes += s.producer_bytes
     return out
 
 
@@ -98,16 +103,37 @@ class FootprintCache:
 
     # The committer's observer protocol.
     def before_apply(self, record: Any) -> object:
+        """Producer-state bytes of the stream(s) an append or a producer expiry is about to change."""
+        if self._totals is None:
+            return None
+        streams = self.state.streams
+        if isinstance(record, Appended):
+            return streams[record.uid].producer_bytes
+        if isinstance(record, ProducersExpired):
+            return [(s, s.producer_bytes) for uid in record.uids if (s := streams.get(uid)) is not None]
         return None
 
     def after_apply(self, record: Any, token: object) -> Sequence[Any]:
         if self._totals is None:
             return ()
         if isinstance(record, Appended):
-            if record.data:
-                row = self._row(self.state.streams[record.uid].bucket)
+            s = self.state.streams[record.uid]
+            if not isinstance(token, int):  # the totals were computed in between: walk again
+                self._totals = None
+                return ()
+            grown = len(record.data) + s.producer_bytes - token
+            if grown:
+                row = self._row(s.bucket)
                 assert row is not None
-                row[1] += len(record.data)
+                row[1] += grown
+        elif isinstance(record, ProducersExpired):
+            if not isinstance(token, list):
+                self._totals = None
+                return ()
+            for s, before in token:
+                row = self._row(s.bucket)
+                assert row is not None
+                row[1] += s.producer_bytes - before
         elif isinstance(record, StreamCreated):
             row = self._row(record.bucket)
             assert row is not None

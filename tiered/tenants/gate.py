@@ -64,9 +64,21 @@ class TenantGate:
         self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def admit(
-        self, bucket: str, *, body_bytes: int, stored_bytes: int, new_streams: int, rated: bool
+        self,
+        bucket: str,
+        *,
+        body_bytes: int,
+        stored_bytes: int,
+        new_streams: int,
+        rated: bool,
+        state_bytes: int = 0,
     ) -> None:
-        """Refuse (``TieredError``) a write over any quota; otherwise take its rate tokens."""
+        """Refuse (``TieredError``) a write over any quota; otherwise take its rate tokens.
+
+        ``state_bytes``: how much the write changes the producer state its bucket keeps
+        (``tiered/streams/producers.py``): retained like stored bytes, but not appended bytes
+        (no rate counts it).
+        """
         _, quotas, unlimited = self._lookup(bucket)
         if unlimited:
             return
@@ -76,7 +88,9 @@ class TenantGate:
         try:
             q.check_body(quotas, body_bytes)
             if sized:
-                q.check_sizes(quotas, self.footprint.totals(bucket), others, new_streams, stored_bytes)
+                q.check_sizes(
+                    quotas, self.footprint.totals(bucket), others, new_streams, stored_bytes + state_bytes
+                )
         except TieredError as exc:
             self._refused(bucket, str(exc.context.get("quota")))
             raise

@@ -13,7 +13,7 @@ counter reset).
 | ``tiered_bucket_appended_bytes_total``, ``tiered_bucket_appended_records_total`` | bucket |
 | ``tiered_bucket_egress_bytes_total`` | bucket, tier (hot, cold) |
 | ``tiered_bucket_requests_total`` | bucket, class (append, read, live, admin) |
-| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold) |
+| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold, producers: idempotent producers' state) |
 | ``tiered_bucket_streams``, ``tiered_bucket_live_readers`` | bucket |
 | ``tiered_bucket_quota_refusals_total`` | bucket, quota |
 """
@@ -66,6 +66,7 @@ def bucket_metric_families(
             s.streams += fp.streams
             s.hot_bytes += fp.hot_bytes
             s.cold_bytes += fp.cold_bytes
+            s.producer_bytes += fp.producer_bytes
         live[lb] = live.get(lb, 0) + gate.live.get(b, 0)
     refusals: dict[tuple[str, str], int] = {}
     for (b, quota), n in gate.refusals.items():
@@ -102,7 +103,9 @@ def bucket_metric_families(
         ):
             requests.add_metric([b, cls], n)
     retained = GaugeMetricFamily(
-        "tiered_bucket_retained_bytes", "Bytes the bucket's streams hold, by tier", labels=["bucket", "tier"]
+        "tiered_bucket_retained_bytes",
+        "Bytes the bucket's streams hold, by tier (producers: idempotent producers' state)",
+        labels=["bucket", "tier"],
     )
     streams_gauge = GaugeMetricFamily(
         "tiered_bucket_streams", "Streams in the bucket (not deleted)", labels=["bucket"]
@@ -110,6 +113,7 @@ def bucket_metric_families(
     for b in sorted(space):
         retained.add_metric([b, "hot"], space[b].hot_bytes)
         retained.add_metric([b, "cold"], space[b].cold_bytes)
+        retained.add_metric([b, "producers"], space[b].producer_bytes)
         streams_gauge.add_metric([b], space[b].streams)
     live_readers = GaugeMetricFamily(
         "tiered_bucket_live_readers", "Long-poll and SSE readers of the bucket", labels=["bucket"]

@@ -3,7 +3,7 @@
 | quota | refused with |
 | --- | --- |
 | ``max_streams`` | 507 ``QUOTA_EXCEEDED`` (a create that would exceed it) |
-| ``max_retained_bytes`` | 507 ``QUOTA_EXCEEDED`` (an append or create whose bytes would exceed it) |
+| ``max_retained_bytes`` | 507 ``QUOTA_EXCEEDED`` (an append or create whose bytes, with a new producer's state, would exceed it) |
 | ``max_body_bytes`` | 413 ``PAYLOAD_TOO_LARGE`` |
 | ``append_bytes_per_s``, ``append_requests_per_s`` | 429 ``RATE_LIMITED`` with ``retry_after_s`` (``ratelimit``) |
 | ``max_live_readers`` | 429 ``RATE_LIMITED`` with ``retry_after_s`` |
@@ -87,6 +87,7 @@ def check_streams(q: Quotas, streams: int, adding: int) -> None:
 
 
 def check_retained(q: Quotas, retained: int, adding: int) -> None:
+    """``retained``: hot, cold and producer-state bytes (``footprint``); ``adding``: the write's net change."""
     limit = q.max_retained_bytes
     if limit is not None and adding > 0 and retained + adding > limit:
         raise TieredError(
