@@ -614,3 +614,58 @@ def test_snapshot_round_trip_keeps_a_freed_path_free() -> None:
 
     restored, _ = decode_snapshot(encode_snapshot(state, LogPosition(1, 8)))
     assert restored.paths == state.paths
+
+
+def test_producer_expiry_and_cap_survive_snapshots_and_replay(tmp_path: Path) -> None:
+    """Producer states (their order, times and cost), expiries and evictions: the same after recovery.
+
+    Half the history is in the snapshot, half replayed after it; the GC's ``ProducersExpired``
+    record is replayed too. Recovery needs the same limits (they are configuration).
+    """
+    from tiered.streams.producers import ProducerLimits
+    from tiered.streams.records import ProducersExpired
+
+    limits = ProducerLimits(ttl_ms=1_000, max_per_stream=3)
+    final: dict[str, Any] = {}
+
+    def order(state: StreamState) -> dict[str, list[tuple[str, int, int, int]]]:
+        return {
+            s.path: [(k, p.epoch, p.last_seq, p.last_ms) for k, p in s.producers.items()]
+            for s in state.streams.values()
+        }
+
+    async def main() -> None:
+        j = make_journal(tmp_path)
+        state = j.recover(new_state=lambda: StreamState(producer_limits=limits))
+        j.start()
+        w = Writer(j, state)
+        w.create("a", now=0)
+        w.create("idle", now=0)
+        for t, pid in enumerate(("p1", "p2", "p3")):
+            w.append("a", b"x", now=t, producer=pid, epoch=0, seq=0)
+        w.append("idle", b"x", now=0, producer="q", epoch=0, seq=0)
+        await j.snapshot(state)
+        w.append("a", b"x", now=10, producer="p1", epoch=0, seq=1)  # p1 is the most recent
+        w.append("a", b"x", now=20, producer="p4", epoch=0, seq=0)  # evicts p2 (the longest idle)
+        w.append("a", b"x", now=1_005, producer="p5", epoch=0, seq=0)  # p3 expired
+        idle = state.find(B, "idle")
+        assert idle is not None
+        record = ProducersExpired(ts_ms=1_000, uids=(idle.uid,))
+        w.commit([record])
+        await j.flushed()
+        final["order"] = order(state)
+        final["fp"] = fingerprint(state)
+        await j.close()
+
+    run(main())
+    assert final["order"] == {
+        "a": [("p1", 0, 1, 10), ("p4", 0, 0, 20), ("p5", 0, 0, 1_005)],
+        "idle": [],
+    }
+    j2 = make_journal(tmp_path)
+    recovered = j2.recover(new_state=lambda: StreamState(producer_limits=limits))
+    assert order(recovered) == final["order"]
+    assert fingerprint(recovered) == final["fp"]
+    a = recovered.find(B, "a")
+    assert a is not None and a.producer_bytes == 3 * (2 + 24)
+    j2.log.close()

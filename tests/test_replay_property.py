@@ -15,6 +15,12 @@ fingerprint (every field of every object, extensions included) must be equal:
 Tenants are in the histories too: tokens issued, revoked and rotated,
 public-read flags, quota overrides (which then refuse some appends and
 creates, changing nothing), recorded usage; appended bytes counted at apply.
+
+So are idempotent producers, under a short producer TTL (30 s: an ``advance``
+of 60 s expires them) and a cap of 2 per stream (a third producer evicts the
+longest idle): next sequences, retries, epoch bumps, and the GC's expiry of
+idle streams' producers. Their order on each stream (what the next eviction
+takes) is compared too, not only their content.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from tiered.groups.state import CommitRequest, GroupSpec
 from tiered.hot.log import SegmentLog
 from tiered.journal.journal import Journal
 from tiered.journal.snapshot import SnapshotStore, decode_snapshot, encode_snapshot
-from tiered.node import new_state
+from tiered.node import new_state, producer_limits
 from tiered.subscriptions.config import parse_config
 
 pytestmark = pytest.mark.timeout(600)
@@ -77,7 +83,16 @@ op = st.one_of(
     st.tuples(st.just("public"), st.sampled_from(BUCKETS), st.booleans()),
     st.tuples(st.just("quota"), st.sampled_from(BUCKETS), st.sampled_from([None, 0, 1_000])),
     st.tuples(st.just("usage"), st.sampled_from(BUCKETS), st.integers(1, 5_000)),
+    st.tuples(
+        st.just("produce"),
+        st.sampled_from(BUCKETS),
+        st.sampled_from(PATHS),
+        st.sampled_from(["p1", "p2", "p3"]),
+        st.sampled_from(["next", "retry", "restart"]),
+    ),
 )
+PRODUCER_TTL_S = 30.0
+MAX_PRODUCERS = 2
 
 
 async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
@@ -158,6 +173,17 @@ async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
         await node.tenants.set_quotas(
             o[1], {} if o[2] is None else {"max_retained_bytes": o[2], "max_streams": None}
         )
+    elif kind == "produce":
+        from tiered.streams import producers
+
+        s = streams.lookup(o[1], o[2])
+        p = producers.live_state(s.producers, o[3], clock.ms, node.state.producer_limits)
+        epoch, seq = (0, 0) if p is None else (p.epoch, p.last_seq)
+        if o[4] == "next" and p is not None:
+            seq += 1
+        elif o[4] == "restart":
+            epoch, seq = epoch + 1, 0
+        await streams.append(o[1], o[2], AppendRequest(ct, b"p", False, o[3], epoch, seq))
     elif kind == "usage":
         node.tenants.counter.egress(o[1], o[2], o[2] // 2)
         node.tenants.counter.request(o[1], "read")
@@ -168,14 +194,23 @@ def recovered(config: Any, *, from_genesis: bool) -> Any:
     data = config.data_path
     snapshots = SnapshotStore(data / ("no-snapshots" if from_genesis else "snapshots"))
     journal = Journal(SegmentLog(data / "hot", segment_bytes=config.segment_bytes), snapshots)
+    limits = producer_limits(config)
     try:
-        return journal.recover(read_only=True, new_state=new_state)
+        return journal.recover(read_only=True, new_state=lambda: new_state(limits))
     finally:
         journal.log.close()
 
 
-async def run_history(data_dir: Path, history: list[tuple[Any, ...]]) -> None:
-    config = make_config(data_dir, gc_grace_s=1.0)
+def producer_order(state: Any) -> dict[int, list[str]]:
+    """Each stream's producers in the order eviction and expiry take them (the fingerprint sorts dicts)."""
+    return {uid: list(s.producers) for uid, s in state.streams.items() if s.producers}
+
+
+async def run_history(data_dir: Path, history: list[tuple[Any, ...]]) -> dict[str, list[str]]:
+    """Run the history and check every rebuilt state; returns each stream's producers, by path."""
+    config = make_config(
+        data_dir, gc_grace_s=1.0, producer_ttl_s=PRODUCER_TTL_S, max_producers_per_stream=MAX_PRODUCERS
+    )
     h = Harness(config, clock=VirtualClock())
     await h.start()
     crashed = False
@@ -192,14 +227,23 @@ async def run_history(data_dir: Path, history: list[tuple[Any, ...]]) -> None:
         # The derived index the flusher, trimmer and reaper scan names exactly the streams with hot chunks.
         with_chunks = sorted(uid for uid, st in node.state.streams.items() if len(st.chunks.starts))
         assert [st.uid for st in node.state.hot_resident()] == with_chunks
+        order = producer_order(node.state)
+        by_path = {f"{s.bucket}/{s.path}": list(s.producers) for s in node.state.streams.values()}
         position = node.journal.log.end
-        round_trip, _ = decode_snapshot(encode_snapshot(node.state, position), new_state)
+        limits = node.state.producer_limits
+        round_trip, _ = decode_snapshot(encode_snapshot(node.state, position), lambda: new_state(limits))
         assert fingerprint(round_trip) == live, "the snapshot round trip lost something"
+        assert producer_order(round_trip) == order, "the snapshot round trip reordered producers"
         await h.crash()
         crashed = True
-        assert fingerprint(recovered(config, from_genesis=False)) == live, "crash recovery differs from live"
+        after_crash = recovered(config, from_genesis=False)
+        assert fingerprint(after_crash) == live, "crash recovery differs from live"
+        assert producer_order(after_crash) == order, "crash recovery reordered producers"
         if (config.data_path / "hot" / "00000000000000000001.seg").exists():
-            assert fingerprint(recovered(config, from_genesis=True)) == live, "full replay differs from live"
+            replayed = recovered(config, from_genesis=True)
+            assert fingerprint(replayed) == live, "full replay differs from live"
+            assert producer_order(replayed) == order, "full replay reordered producers"
+        return by_path
     finally:
         if not crashed:
             await h.stop()
@@ -249,6 +293,19 @@ def test_a_fixed_history_touching_every_feature() -> None:
         ("snapshot",),
         ("usage", "default", 10),
         ("quota", "default", None),
+        ("create", "default", "other", b""),
+        ("produce", "default", "other", "p1", "next"),
+        ("produce", "default", "other", "p2", "next"),
+        ("produce", "default", "other", "p1", "next"),
+        ("produce", "default", "other", "p3", "next"),  # evicts p2, the longest idle
+        ("produce", "default", "other", "p1", "retry"),
+        ("snapshot",),
+        ("produce", "default", "jobs/b", "p1", "restart"),
+        ("advance", 60_000),  # every producer expired
+        ("produce", "default", "other", "p2", "next"),  # drops other's expired states
+        ("gc", False),  # drops jobs/b's
+        ("produce", "default", "other", "p3", "restart"),
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run_history(Path(tmp) / "data", history))
+        producers = asyncio.run(run_history(Path(tmp) / "data", history))
+    assert producers["default/other"] == ["p2", "p3"] and producers["default/jobs/b"] == []
