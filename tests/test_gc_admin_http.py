@@ -317,6 +317,7 @@ GAUGES = (
     "tiered_gc_pending_deletions",
     "tiered_gc_integrity_errors",
     "tiered_gc_last_pass_timestamp_seconds",
+    "tiered_producer_states",
 )
 COUNTERS = (  # family names: the samples end in _total
     "tiered_integrity_errors",
@@ -329,6 +330,7 @@ COUNTERS = (  # family names: the samples end in _total
     "tiered_gc_orphans_found",
     "tiered_gc_errors",
     "tiered_http_requests",
+    "tiered_producer_states_dropped",
 )
 BUCKET_FAMILIES = {  # per-bucket (tiered.tenants.metrics): no series before a bucket has usage
     "tiered_bucket_appended_bytes": "counter",
@@ -365,6 +367,7 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
                 "bytes_reclaimed": 0,
                 "objects_deleted": 0,
                 "orphans_found": 0,
+                "producer_states_expired": 0,
                 "integrity_errors": 0,
                 "errors": 0,
                 "last_pass_ms": 0,
@@ -406,6 +409,9 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             "tiered_store_stalls_total",
             "tiered_store_reachable",
             "tiered_gc_errors_total",
+            "tiered_producer_states",
+            'tiered_producer_states_dropped_total{reason="expired"}',
+            'tiered_producer_states_dropped_total{reason="cap"}',
         }
         assert all(v == 0 for k, v in state.items() if k != "tiered_store_reachable"), m
 
