@@ -205,7 +205,23 @@ def _request(method: str, path: str) -> Request:
     return Request(method, path, "", {}, read)
 
 
-def test_fields_render_in_both_formats_and_never_replace_standard_keys() -> None:
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The root logger's handlers and level, and the access logger's level, put back after the test."""
+    root, access = logging.getLogger(), logging.getLogger("tiered.access")
+    handlers, level, access_level = list(root.handlers), root.level, access.level
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        access.setLevel(access_level)
+
+
+def test_fields_render_in_both_formats_and_never_replace_standard_keys(root_logging: None) -> None:
     log = logging.getLogger("tiered.access")
     for log_format in ("text", "json"):
         out = io.StringIO()
@@ -234,7 +250,6 @@ def test_fields_render_in_both_formats_and_never_replace_standard_keys() -> None
     configure_logging("info", "text", out, access_log="off")
     log.warning("request failed", extra={"fields": {}})
     assert out.getvalue() == ""
-    configure_logging("info", "text", io.StringIO())
 
 
 def test_the_bucket_and_code_fields_hold_only_names_and_codes() -> None:

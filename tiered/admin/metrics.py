@@ -113,7 +113,9 @@ class Metrics:
         ``count_disconnect`` instead. The label is kept in ``request.route``
         for the access log.
         """
-        route = self._label(request)
+        route = request.route
+        if route == UNMATCHED:
+            route = self._label(request)  # refused before the router (auth): label it now
         by_status = self.requests.get(route)
         if by_status is None:
             by_status = self.requests[route] = {}

@@ -69,6 +69,7 @@ def request_ids(
     access_log: AccessLog | None = None,
 ) -> Handler:
     monotonic = access_log.monotonic if access_log is not None else None
+    count_answer = metrics.count_answer if metrics is not None else None
 
     async def with_request_id(request: Request) -> Response:
         request_id = request.headers.get(HEADER)
@@ -83,8 +84,8 @@ def request_ids(
             _client_left(request, "request", started, metrics, access_log)
             raise
         response.headers[HEADER] = request_id
-        if metrics is not None:
-            metrics.count_answer(request, response)
+        if count_answer is not None:
+            count_answer(request, response)
         if access_log is not None and response.status >= access_log.min_status:
             access_log.answered(request, response, started)
         body = response.body
