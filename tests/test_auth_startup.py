@@ -55,6 +55,7 @@ def test_refuses_to_start_on_a_non_loopback_address_without_auth(tmp_path: Path)
         ("::", "", True),
         ("10.1.2.3", "", True),
         ("tiered.internal", "", True),
+        ("127.attacker.example", "", True),  # a name is judged on what it resolves to, not its spelling
         ("0.0.0.0", "none", False),
         ("0.0.0.0", "tokens", False),
     ],

@@ -7,7 +7,11 @@
   exactly until its grace ends; snapshots round-trip;
 * JWTs: signature, ``iss``, ``aud``, ``exp``, ``nbf``, ``alg: none``, HS256
   signed with the public key, symmetric keys in the JWKS file, the scope
-  claim mapping, and reloading the JWKS file when it changes.
+  claim mapping, and reloading the JWKS file when it changes; ``exp``,
+  ``nbf`` and ``iat`` beyond year 9999 (``exp`` = 10^400) or before 1970 are
+  invalid, and no expiry can overflow a live read's lease arithmetic;
+* token expiry inputs (``ttl_s``, ``expires_ms``, rotation ``grace_s``) that
+  would end after year 9999 are refused (400).
 """
 
 from __future__ import annotations
@@ -24,8 +28,21 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, OctKey, RSAKey
 
 from tiered.auth import tokens
-from tiered.auth.credentials import OPERATOR, Grant, Level, Principal, Verdict, authorize, visible
+from tiered.auth.credentials import (
+    MAX_TIME_MS,
+    MAX_TIME_S,
+    OPERATOR,
+    Grant,
+    Level,
+    Principal,
+    Verdict,
+    authorize,
+    grace_until,
+    token_expiry,
+    visible,
+)
 from tiered.auth.jwt import JwksError, JwksFile, JwtVerifier, grants_from_claims, load_jwks
+from tiered.auth.live import LiveLeases
 from tiered.auth.records import TokenIssued
 from tiered.auth.state import AuthState
 from tiered.clock import VirtualClock
@@ -317,6 +334,12 @@ def test_jwt_accepted_and_mapped(tmp_path: Path, rsa: RSAKey) -> None:
         "bad-signature",
         "alg-none",
         "hs256-public-key",
+        "exp-10^400",
+        "exp-after-9999",
+        "nbf-after-9999",
+        "iat-after-9999",
+        "iat-before-1970",
+        "exp-true",
     ],
 )
 def test_jwt_refusals(tmp_path: Path, rsa: RSAKey, case: str) -> None:
@@ -344,6 +367,18 @@ def test_jwt_refusals(tmp_path: Path, rsa: RSAKey, case: str) -> None:
         token = jwt.encode(header, claims(clock), other)
     elif case == "alg-none":
         token = b64({"alg": "none"}) + "." + b64(claims(clock)) + "."
+    elif case == "exp-10^400":
+        token = jwt.encode(header, claims(clock, exp=10**400), rsa)
+    elif case == "exp-after-9999":
+        token = jwt.encode(header, claims(clock, exp=MAX_TIME_S + 1), rsa)
+    elif case == "nbf-after-9999":  # with a leeway that would let it pass: the range check comes first
+        token = jwt.encode(header, claims(clock, nbf=10**400), rsa)
+    elif case == "iat-after-9999":
+        token = jwt.encode(header, claims(clock, iat=10**400), rsa)
+    elif case == "iat-before-1970":
+        token = jwt.encode(header, claims(clock, iat=-1), rsa)
+    elif case == "exp-true":
+        token = jwt.encode(header, claims(clock, exp=True), rsa)
     else:  # the public key's PEM used as an HMAC secret
         pem = rsa.as_pem(private=False)
         with pytest.warns(Warning):
@@ -351,6 +386,61 @@ def test_jwt_refusals(tmp_path: Path, rsa: RSAKey, case: str) -> None:
     with pytest.raises(TieredError) as err:
         v.verify(token)
     assert err.value.code is ErrorCode.UNAUTHORIZED
+
+
+def test_jwt_times_up_to_the_end_of_9999_are_valid_and_leases_never_overflow(
+    tmp_path: Path, rsa: RSAKey
+) -> None:
+    clock = VirtualClock()
+    write_jwks(tmp_path / "jwks.json", rsa)
+    v = verifier(tmp_path / "jwks.json", clock)
+    now = clock.ms // 1000
+    token = jwt.encode({"alg": "RS256", "kid": "k1"}, claims(clock, exp=MAX_TIME_S, iat=now, nbf=now), rsa)
+    principal = v.verify(token)
+    assert principal.expires_ms == MAX_TIME_S * 1000
+    lease = LiveLeases(clock, lambda uid: None).open(principal, lambda: (True, principal.expires_ms))
+    assert lease.seconds_left() == (MAX_TIME_S * 1000 - clock.ms) / 1000
+    # Whatever expiry a credential claims, the lease's arithmetic stays a float.
+    huge = Principal(id="t", kind="token", expires_ms=10**403)
+    assert LiveLeases(clock, lambda uid: None).open(huge, lambda: (True, 10**403)).seconds_left() == (
+        MAX_TIME_MS / 1000
+    )
+
+
+def test_token_expiry_inputs_are_bounded_by_the_end_of_9999() -> None:
+    now = 1_800_000_000_000
+    assert token_expiry(now, None, None) is None
+    assert token_expiry(now, 60, None) == now + 60_000
+    assert token_expiry(now, None, MAX_TIME_MS) == MAX_TIME_MS
+    assert token_expiry(now, (MAX_TIME_MS - now) // 1000, None) <= MAX_TIME_MS  # type: ignore[operator]
+    for ttl_s, expires_ms in (
+        ((MAX_TIME_MS - now) // 1000 + 1, None),
+        (2**53 - 1, None),
+        (None, MAX_TIME_MS + 1),
+    ):
+        with pytest.raises(TieredError) as err:
+            token_expiry(now, ttl_s, expires_ms)
+        assert err.value.code is ErrorCode.BAD_REQUEST
+    with pytest.raises(TieredError, match="not both"):
+        token_expiry(now, 1, now + 1)
+    assert grace_until(now, 0) == now
+    for grace_s in (-1, (MAX_TIME_MS - now) // 1000 + 1, 2**53 - 1):
+        with pytest.raises(TieredError):
+            grace_until(now, grace_s)
+    # The state machine refuses the same, so no shell can journal an expiry past the bound.
+    state = AuthState()
+    with pytest.raises(TieredError, match="9999"):
+        state.decide_issue(
+            token_id="t1",
+            secret_sha256=b"x" * 32,
+            bucket="acme",
+            scope="read",
+            prefix=None,
+            name=None,
+            expires_ms=MAX_TIME_MS + 1,
+            buckets={"acme": 1},
+            now_ms=now,
+        )
 
 
 def test_scope_claim_mapping() -> None:

@@ -1,7 +1,9 @@
 """Nodes' own work on streams as signed *system* calls: no admin token needed (``node_call.SYSTEM``).
 
-A three-node object-store cluster on moto with ``--auth tokens`` and NO admin
-token (loopback: the operator's routes are open, as on one server). Asserted:
+A three-node object-store cluster on moto with ``--auth tokens``. The nodes have
+an admin token, for the operator's routes the test calls (minting tokens,
+public-read): the nodes' own calls never carry it, so what works here works
+without it. Asserted:
 a pull-wake subscription's wake events reach a wake stream in another node's
 shard; an orphan fork pin is swept (and its source is then deleted outright);
 a caller who may read a source (a public-read bucket) and write only under a
@@ -135,7 +137,7 @@ def test_a_system_call_is_nobody_elsewhere(method: str, path: str) -> None:
 def test_admin_routes_still_need_the_admin_token_from_a_system_call(path: str) -> None:
     access = AccessMap(lambda name: None).classify(internal_request("GET", path, {}))
     assert not system_may(access)
-    guard = AdminGuard("the-admin-token", loopback_only=False)
+    guard = AdminGuard("the-admin-token", open_without_token=False)
 
     async def run() -> ErrorCode:
         with node_call(NodeCall(SYSTEM_MARKS)):
@@ -159,14 +161,17 @@ def test_the_system_mark_is_signed_and_verifies() -> None:
         verify(secret, stripped, "POST", "/v1/stream/w", "", b"e", now_ms=now)
 
 
-# ---------------------------------------------------------------- a cluster with auth on, no admin token
+# ---------------------------------------------------------------- a cluster with auth on
+
+#: The operator's token (``TIERED_ADMIN_TOKEN``): only the test's own operator calls present it.
+OPERATOR_TOKEN = "syscalls-operator-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
 def trio(
     moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, list[ServerProcess]]]:
-    assert "TIERED_ADMIN_TOKEN" not in cluster_env()  # start_node's environment: no admin token
+    env = {**cluster_env(), "TIERED_ADMIN_TOKEN": OPERATOR_TOKEN}
     prefix = unique_prefix("syscalls")
     base = tmp_path_factory.mktemp("cluster-syscalls")
     extra = ("--auth", "tokens", "--cluster-fork-pin-grace-s", "1", "--cluster-fork-pin-sweep-s", "0.3")
@@ -174,7 +179,7 @@ def trio(
     try:
         for name in ("n1", "n2", "n3"):
             node = start_node(
-                base, moto_s3, prefix, name, shards=SHARDS, ttl_s=4.0, durability="object-store", wal_interval_ms=5, extra=extra
+                base, moto_s3, prefix, name, env=env, shards=SHARDS, ttl_s=4.0, durability="object-store", wal_interval_ms=5, extra=extra
             )  # fmt: skip
             nodes.append(node)
         # Until placement settled on rendezvous over all three: a token install meeting a
@@ -199,14 +204,17 @@ def call(method: str, url: str, body: Any = None, token: str | None = None) -> t
 
 
 def mint(srv: ServerProcess, scope: str, prefix: str | None = None) -> str:
-    """A token on the default bucket (the operator's routes are open on loopback without an admin token).
+    """A token on the default bucket, issued by the operator (auth on: the admin token, wherever it listens).
 
     Retried on 503 + Retry-After, as a client does: an issue needs every shard, and a node's view of
     a shard that just moved may still name no serving owner for a moment.
     """
     for _ in range(20):
         status, body = call(
-            "POST", f"{srv.url}/v1/admin/tokens", {"bucket": DEFAULT_BUCKET, "scope": scope, "prefix": prefix}
+            "POST",
+            f"{srv.url}/v1/admin/tokens",
+            {"bucket": DEFAULT_BUCKET, "scope": scope, "prefix": prefix},
+            OPERATOR_TOKEN,
         )
         if status != 503:
             break
@@ -301,12 +309,18 @@ def test_a_reader_of_the_source_forks_across_shards_without_write_in_its_bucket(
     assert (status, json.loads(body)["error"]["code"]) == (404, "FORK_SOURCE_NOT_FOUND")
     assert request("HEAD", stream_url(via, pin), auth(admin))[0] == 404
     # With read on the source (its bucket public-read) but no write there: the fork is created, pinned.
-    assert call("PUT", f"{via}/v1/admin/access/{DEFAULT_BUCKET}", {"public_read": True})[0] == 200
+    assert (
+        call("PUT", f"{via}/v1/admin/access/{DEFAULT_BUCKET}", {"public_read": True}, OPERATOR_TOKEN)[0]
+        == 200
+    )
     try:
         status, _, body = request("PUT", stream_url(via, fork), auth(writer, **forked))
         assert status == 201, body
     finally:
-        assert call("PUT", f"{via}/v1/admin/access/{DEFAULT_BUCKET}", {"public_read": False})[0] == 200
+        assert (
+            call("PUT", f"{via}/v1/admin/access/{DEFAULT_BUCKET}", {"public_read": False}, OPERATOR_TOKEN)[0]
+            == 200
+        )
     for node in nodes:
         status, _, data = request("GET", stream_url(node.url, fork) + "?offset=-1", auth(writer))
         assert (status, data) == (200, b"hello world")

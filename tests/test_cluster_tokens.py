@@ -386,22 +386,24 @@ def test_a_fanned_out_request_is_counted_once_in_the_bucket(nodes: dict[str, Ser
     assert admin_requests() - before == 3
 
 
-# --------------------------------------------------------------------------- groups without an admin token
+# --------------------------------------------------------------------------- groups with a bucket's token only
 
 
-def test_groups_span_nodes_with_auth_on_and_no_admin_token(
+def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
     moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """Groups across nodes need nothing but the caller's bucket token (the admin token only mints it)."""
     names = ("m1", "m2")
-    env = cluster_env()
-    assert "TIERED_ADMIN_TOKEN" not in env
+    env = {**cluster_env(), "TIERED_ADMIN_TOKEN": ADMIN_TOKEN}
     started = _start(
         tmp_path_factory.mktemp("cluster-tokens-groups"), moto_s3, names, env, ("--auth", "tokens")
     )
     try:
         g1, g2 = started["m1"], started["m2"]
-        # Loopback with no admin token: the operator's routes are open here (as on a single server).
-        minted = call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"})
+        # Auth on: the operator's routes need the admin token, on loopback too.
+        refused = call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"})
+        assert (refused[0], refused[1]["error"]["code"]) == (401, "UNAUTHORIZED"), refused
+        minted = call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"}, OPERATOR)
         assert minted[0] == 201, minted
         auth = bearer(minted[1]["token"])
         group = next(

@@ -86,7 +86,7 @@ class Shards:
 
 
 def routes(shards: Shards) -> ClusterTokens:
-    return ClusterTokens(shards, lambda: AdminGuard(None, loopback_only=True), shards.sub, shards.send)
+    return ClusterTokens(shards, lambda: AdminGuard(None, open_without_token=True), shards.sub, shards.send)
 
 
 def client(method: str, path: str, body: Any = None) -> Request:

@@ -6,9 +6,10 @@
 * Authentication, on a real ``tiered serve`` with ``TIERED_ADMIN_TOKEN`` set: no token,
   a wrong token or another scheme is 401 with ``WWW-Authenticate: Bearer``; the right one
   works for every route, ``/metrics`` included. Every refusal changes nothing.
-* No token and a non-loopback listener: admin calls are 403. Tested without binding a
-  non-loopback address: ``AdminGuard.check`` directly, and an in-process server whose
-  configuration says ``host = "0.0.0.0"`` while the test server itself listens on loopback.
+* No token and a non-loopback listener, or auth on (``tokens``, ``jwt``) wherever it
+  listens: admin calls are 403. Tested without binding a non-loopback address:
+  ``AdminGuard.check`` directly, and an in-process server whose configuration says
+  ``host = "0.0.0.0"`` while the test server itself listens on loopback.
 """
 
 from __future__ import annotations
@@ -331,6 +332,7 @@ COUNTERS = (  # family names: the samples end in _total
     "tiered_gc_errors",
     "tiered_http_requests",
     "tiered_producer_states_dropped",
+    "tiered_http_client_disconnects",
 )
 BUCKET_FAMILIES = {  # per-bucket (tiered.tenants.metrics): no series before a bucket has usage
     "tiered_bucket_appended_bytes": "counter",
@@ -571,11 +573,11 @@ def test_admin_token_is_required_and_refusals_change_nothing(token_server: Serve
 
 
 def test_refusal_decision_unit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``AdminGuard.check``: no token on a non-loopback host -> 403; on loopback -> allowed."""
+    """``AdminGuard.check``: no token -> 403, except with auth off on loopback; a token -> the token decides."""
     monkeypatch.delenv("TIERED_ADMIN_TOKEN", raising=False)
 
-    def guard(host: str, token: str | None = None) -> AdminGuard:
-        return AdminGuard(token, loopback_only=Config(host=host).loopback_only)
+    def guard(host: str, token: str | None = None, auth: str = "") -> AdminGuard:
+        return AdminGuard(token, open_without_token=Config(host=host, auth=auth).admin_open_without_token)
 
     def req(headers: dict[str, str] | None = None) -> Request:
         async def read() -> bytes:
@@ -598,6 +600,11 @@ def test_refusal_decision_unit(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
         assert refusal(guard(host), req()) is None
+        assert refusal(guard(host, auth="none"), req()) is None
+        # Auth on: loopback is no exception (a local proxy would hand the admin API to anyone).
+        for auth in ("tokens", "jwt"):
+            refused = refusal(guard(host, auth=auth), req({"Authorization": "Bearer anything"}))
+            assert refused is not None and refused.code is ErrorCode.ADMIN_DISABLED
     # With a token the host does not matter: the token does.
     for host in ("0.0.0.0", "127.0.0.1"):
         g = guard(host, TOKEN)

@@ -108,6 +108,9 @@ def test_json_lines_carry_the_id_of_the_request_that_caused_them(tmp_path: Path,
     assert any(m.startswith("journal recovered") for m in outside)
     assert "shutting down" in outside
     assert not any(m.startswith("admin:") for m in outside)
+    # Each refusal left its access-log line (``tiered.http.access_log``), under the id the client sent.
+    assert by_id.pop("refused-1") == ["request refused"]
+    assert by_id.pop("refused-2") == ["request refused"]
     assert by_id == {}, by_id  # no line names any other id
 
 

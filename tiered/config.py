@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tiered.hosts import UnresolvableHost, all_loopback, listen_addresses
+
 MiB = 1024 * 1024
 
 
@@ -29,6 +31,7 @@ ADDRESSING_STYLES = ("auto", "path", "virtual")
 CHECKSUM_MODES = ("auto", "when_supported", "when_required")
 CONDITIONAL_WRITES = ("probe", "off")
 DURABILITY_MODES = ("local", "object-store")
+ACCESS_LOG_MODES = ("off", "errors", "all")
 
 
 def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
@@ -38,7 +41,11 @@ def setting(default: Any, help: str, commands: tuple[str, ...] = SERVE) -> Any:
 
 @dataclass
 class Config:
-    host: str = setting("127.0.0.1", "address to listen on")
+    host: str = setting(
+        "127.0.0.1",
+        "address to listen on, or a host name (resolved at start-up; the server listens on every address "
+        "it names)",
+    )
     port: int = setting(4437, "TCP port to listen on")
     http_server: str = setting(
         "granian",
@@ -76,6 +83,12 @@ class Config:
         "text",
         "'text' (time LEVEL logger: message) or 'json' (one JSON object per line, with request ids)",
         ALL,
+    )
+    access_log: str = setting(
+        "errors",
+        "one structured log line per request: 'errors' (refused or failed requests, status >= 400, and clients "
+        "that left before their answer), 'all' (every request), or 'off'. Lines carry the request id, method, "
+        "route, bucket, status, error code and duration, never a credential, header or query value",
     )
     # Cold tier.
     cold_store: str = setting(
@@ -161,15 +174,16 @@ class Config:
     admin_token_file: str = setting(
         "",
         "file holding the admin bearer token (or set TIERED_ADMIN_TOKEN); without one, admin operations are "
-        "allowed only when listening on loopback",
+        "refused (403), except with auth off ('none' or unset) on a loopback address",
         OFFLINE_GC,
     )
     # Tenants: authentication, quotas, usage.
     auth: str = setting(
         "",
         "who may use the data plane: 'tokens' (bearer tokens tiered issues per bucket), 'jwt' (JWTs from your "
-        "identity provider, and tiered's tokens), 'none' (anyone who can connect); unset: open on loopback, "
-        "and the server refuses to start on any other address",
+        "identity provider, and tiered's tokens), 'none' (anyone who can connect; logged as a warning off "
+        "loopback); unset: open on loopback, and the server refuses to start on any other address. With "
+        "'tokens' or 'jwt' the admin routes need the admin token wherever the server listens",
     )
     jwks_file: str = setting(
         "", "JWKS file with the identity provider's public keys (reloaded on change, SIGHUP)"
@@ -264,6 +278,10 @@ class Config:
             raise ConfigError("fsync must be 'always' or 'interval'")
         if self.log_format not in ("text", "json"):
             raise ConfigError("log_format must be 'text' or 'json'")
+        if self.access_log not in ACCESS_LOG_MODES:
+            raise ConfigError(f"access_log must be one of {', '.join(ACCESS_LOG_MODES)}")
+        if not self.host.strip():
+            raise ConfigError("host must not be empty: give an address (127.0.0.1, 0.0.0.0, ::) or a name")
         if self.http_server not in ("granian", "aiohttp"):
             raise ConfigError("http_server must be 'granian' or 'aiohttp'")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -428,8 +446,42 @@ class Config:
 
     @property
     def loopback_only(self) -> bool:
-        """True when the server can only be reached from this machine."""
-        return self.host in ("localhost", "::1") or self.host.startswith("127.")
+        """True when the server can only be reached from this machine: every address ``host`` names is loopback.
+
+        A name is resolved (``tiered.hosts``); one that does not resolve is not
+        loopback (and ``serve`` refuses to start on it).
+        """
+        try:
+            return all_loopback(listen_addresses(self.host))
+        except UnresolvableHost:
+            return False
+
+    @property
+    def admin_open_without_token(self) -> bool:
+        """Whether admin routes are open when no admin token is configured: only with auth off, on loopback.
+
+        With auth on (``tokens``, ``jwt``) the operator chose credentials, so the
+        admin API needs the admin token wherever the server listens: a local
+        reverse proxy or sidecar must not make it anyone's.
+        """
+        return self.auth_mode == "none" and self.loopback_only
+
+    def exposure_warnings(self, admin_token_configured: bool) -> list[str]:
+        """What the operator must hear at start-up about who can reach what (logged as warnings)."""
+        warnings = []
+        if self.auth_mode == "none" and not self.loopback_only:
+            warnings.append(
+                f"auth is off (--auth none) on {self.host}: the data plane is open, anyone who can connect can "
+                "read, append to and delete every stream; use --auth tokens|jwt unless a proxy in front "
+                "authenticates every request"
+            )
+        if not admin_token_configured and not self.admin_open_without_token:
+            why = f"--auth {self.auth_mode}" if self.auth_mode != "none" else f"listening on {self.host}"
+            warnings.append(
+                f"no admin token is configured ({why}): the admin routes (/v1/admin/..., bucket erasure, "
+                "/metrics) answer 403; set one with --admin-token-file FILE or TIERED_ADMIN_TOKEN"
+            )
+        return warnings
 
 
 class ConfigError(ValueError):

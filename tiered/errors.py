@@ -69,7 +69,7 @@ class ErrorCode(StrEnum):
     # Credentials.
     UNAUTHORIZED = "UNAUTHORIZED"  # 401 + WWW-Authenticate
     FORBIDDEN = "FORBIDDEN"  # 403
-    ADMIN_DISABLED = "ADMIN_DISABLED"  # 403: no admin token configured off loopback
+    ADMIN_DISABLED = "ADMIN_DISABLED"  # 403: no admin token configured (open only with auth off, on loopback)
     TOKEN_NOT_FOUND = "TOKEN_NOT_FOUND"  # 404: no tiered-issued token with that id (admin API)
     # Bucket quotas (context: quota, limit; rates also retry_after_s).
     RATE_LIMITED = "RATE_LIMITED"  # 429 + Retry-After: a rate or concurrency quota

@@ -8,8 +8,13 @@ a line logged while a request is handled carries that request's id
 (``request_id``; see ``tiered.http.request_id``), taken from a context
 variable when the line is logged.
 
-Only what the code puts in its messages is logged: no headers, no bodies,
-no credentials.
+Structured lines (the access log, ``tiered.http.access_log``) carry their
+fields in ``extra={"fields": {...}}``: text renders them as `` key=value``
+after the message, json as keys of the object (they never replace the
+standard keys).
+
+Only what the code puts in its messages and fields is logged: no headers, no
+bodies, no credentials.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("tiered_request_id", default=Non
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ACCESS_LOGGER = "tiered.access"
+_STANDARD_KEYS = frozenset(("timestamp", "level", "logger", "message", "request_id", "exception", "stack"))
 
 
 class RequestIdFilter(logging.Filter):
@@ -38,13 +45,16 @@ class RequestIdFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
-    """``TEXT_FORMAT``, then `` request_id=<id>`` on lines logged while handling a request."""
+    """``TEXT_FORMAT``, then `` key=value`` per field, then `` request_id=<id>`` on lines logged for a request."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        fields = getattr(record, "fields", None)
+        if fields:
+            line += "".join(f" {key}={value}" for key, value in fields.items())
         request_id = getattr(record, "request_id", None)
         return f"{line} request_id={request_id}" if request_id else line
 
@@ -64,6 +74,9 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None)
         if request_id:
             entry["request_id"] = request_id
+        fields = getattr(record, "fields", None)
+        if fields:
+            entry.update((k, v) for k, v in fields.items() if k not in _STANDARD_KEYS)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
@@ -71,8 +84,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str, log_format: str, stream: TextIO | None = None) -> None:
-    """Send every logger's lines to ``stream`` (stderr) in ``log_format``, at ``level`` and above."""
+def configure_logging(
+    level: str, log_format: str, stream: TextIO | None = None, access_log: str = "errors"
+) -> None:
+    """Send every logger's lines to ``stream`` (stderr) in ``log_format``, at ``level`` and above.
+
+    The access log (``tiered.access``) is written whatever ``level`` is, unless
+    ``access_log`` is ``off``: which requests it covers is its own setting.
+    """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
@@ -81,3 +100,4 @@ def configure_logging(level: str, log_format: str, stream: TextIO | None = None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.CRITICAL + 1 if access_log == "off" else logging.INFO)

@@ -10,7 +10,8 @@ can run several nodes in one process. Two kinds of metric:
   them.
 * **Instruments** (``Metrics``): latency histograms observed where the work
   happens (append, journal sync, object-store requests, flush and GC passes)
-  and ``tiered_http_requests_total{route,status}``. Labelled children are
+  and ``tiered_http_requests_total{route,status}`` (with its twin for
+  requests whose client left, ``tiered_http_client_disconnects_total{route,phase}``). Labelled children are
   made once and cached, so an observation is one call. What every request
   pays (the append histogram, the request count) is kept in plain Python
   numbers on the event loop and exposed by a custom collector: no lock, no
@@ -98,6 +99,7 @@ class Metrics:
         )
         self.store_operations = {op: self.store_request_seconds.labels(op) for op in STORE_OPERATIONS}
         self.requests: dict[str, dict[int, int]] = {}  # route -> status -> requests answered
+        self.disconnects: dict[tuple[str, str], int] = {}  # (route, phase) -> clients that left
         #: The router's labelling, for requests answered before they reached it (``build_handler``).
         self.label_unrouted: Callable[[Request], str] | None = None
         r.register(LoopCollector(self))
@@ -107,16 +109,29 @@ class Metrics:
 
         Called by the outermost HTTP layer (``tiered.http.request_id``) on the
         event loop, so refusals and 500s count with the status the client got;
-        a request cancelled before its answer (the client left) is not counted.
+        a request whose client left before its answer is counted by
+        ``count_disconnect`` instead. The label is kept in ``request.route``
+        for the access log.
         """
         route = request.route
-        if route == UNMATCHED and self.label_unrouted is not None:
-            route = self.label_unrouted(request)  # refused before the router (auth): label it now
+        if route == UNMATCHED:
+            route = self._label(request)  # refused before the router (auth): label it now
         by_status = self.requests.get(route)
         if by_status is None:
             by_status = self.requests[route] = {}
         status = response.status
         by_status[status] = by_status.get(status, 0) + 1
+
+    def count_disconnect(self, request: Request, phase: str) -> None:
+        """A client that left: before its answer (``request``) or during a streamed one (``response``)."""
+        key = (self._label(request), phase)
+        self.disconnects[key] = self.disconnects.get(key, 0) + 1
+
+    def _label(self, request: Request) -> str:
+        route = request.route
+        if route == UNMATCHED and self.label_unrouted is not None:
+            route = request.route = self.label_unrouted(request)  # refused before the router (auth)
+        return route
 
     def watch(self, node: Node) -> None:
         """Expose ``node``'s state (its composed parts) at every scrape."""
@@ -178,6 +193,7 @@ class LoopCollector:
             for status, n in sorted(by_status.items()):
                 requests.add_metric([route, str(status)], n)
         yield requests
+        yield disconnects_family(m.disconnects)
 
 
 class NodeCollector:
@@ -277,6 +293,20 @@ class NodeCollector:
         yield from bucket_metric_families(
             state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
         )
+
+
+def disconnects_family(disconnects: dict[tuple[str, str], int]) -> CounterMetricFamily:
+    """``tiered_http_client_disconnects_total{route,phase}`` (a single server's and a cluster node's)."""
+    family = CounterMetricFamily(
+        "tiered_http_client_disconnects",
+        "Requests whose client closed the connection: before the answer (phase=request: while sending its body "
+        "or waiting for a long-poll; not in tiered_http_requests_total) or during a streamed answer "
+        "(phase=response)",
+        labels=["route", "phase"],
+    )
+    for (route, phase), n in sorted(disconnects.items()):
+        family.add_metric([route, phase], n)
+    return family
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -34,6 +34,12 @@ class Level(IntEnum):
     ADMIN = 3
 
 
+#: The latest time a credential may name, 9999-12-31T23:59:59.999Z: a JWT's ``exp``/``nbf``/``iat``
+#: (seconds) and a token's expiry or rotation grace (ms) beyond it are refused, so every expiry
+#: stays a number the lease arithmetic (``tiered.auth.live``) and JSON clients handle exactly.
+MAX_TIME_MS = 253_402_300_799_999
+MAX_TIME_S = MAX_TIME_MS // 1000
+
 SCOPES: dict[str, Level] = {"read": Level.READ, "write": Level.WRITE, "admin": Level.ADMIN}
 SCOPE_NAMES: dict[Level, str] = {v: k for k, v in SCOPES.items()}
 
@@ -43,6 +49,32 @@ def parse_scope(name: str) -> Level:
     if level is None:
         raise TieredError(ErrorCode.BAD_REQUEST, "scope must be 'read', 'write' or 'admin'")
     return level
+
+
+def token_expiry(now_ms: int, ttl_s: int | None, expires_ms: int | None) -> int | None:
+    """A token's expiry from an issue request's ``ttl_s`` or ``expires_ms`` (at most one), within ``MAX_TIME_MS``."""
+    if ttl_s is not None and expires_ms is not None:
+        raise TieredError(ErrorCode.BAD_REQUEST, "give ttl_s or expires_ms, not both")
+    if ttl_s is not None:
+        if ttl_s > (MAX_TIME_MS - now_ms) // 1000:
+            raise TieredError(
+                ErrorCode.BAD_REQUEST, "ttl_s is too large: the token would expire after year 9999"
+            )
+        return now_ms + ttl_s * 1000
+    if expires_ms is not None and expires_ms > MAX_TIME_MS:
+        raise TieredError(
+            ErrorCode.BAD_REQUEST, f"expires_ms must be at most {MAX_TIME_MS} (the end of year 9999)"
+        )
+    return expires_ms
+
+
+def grace_until(now_ms: int, grace_s: int) -> int:
+    """When a rotated token's grace ends, within ``MAX_TIME_MS``."""
+    if grace_s < 0:
+        raise TieredError(ErrorCode.BAD_REQUEST, "grace_s must not be negative")
+    if grace_s > (MAX_TIME_MS - now_ms) // 1000:
+        raise TieredError(ErrorCode.BAD_REQUEST, "grace_s is too large: the grace would end after year 9999")
+    return now_ms + grace_s * 1000
 
 
 def normalize_prefix(prefix: str | None) -> str | None:

@@ -26,6 +26,7 @@ from tiered.ids import validate_bucket
 from tiered.parsing import UInt, decode_body
 
 from . import node_call, tokens
+from .credentials import token_expiry
 from .records import TokenIssued
 from .service import AuthService
 
@@ -111,11 +112,7 @@ class AuthRoutes:
 
     async def issue(self, request: Request) -> Response:
         b = decode_body(await request.body(), IssueBody)
-        if b.ttl_s is not None and b.expires_ms is not None:
-            raise bad_request("give ttl_s or expires_ms, not both")
-        expires_ms = b.expires_ms
-        if b.ttl_s is not None:
-            expires_ms = self.service.clock.now_ms() + b.ttl_s * 1000
+        expires_ms = token_expiry(self.service.clock.now_ms(), b.ttl_s, b.expires_ms)
         view = await self.service.issue(validate_bucket(b.bucket), b.scope, b.prefix, b.name, expires_ms)
         return json_response(view, 201, {"Cache-Control": "no-store"})
 

@@ -10,7 +10,10 @@ symmetric keys in the file.
 Claims checked: the signature, ``iss`` equal to ``--jwt-issuer``, ``aud``
 (a string or a list) containing ``--jwt-audience``, ``exp`` required and in
 the future, ``nbf`` (if present) not in the future; ``--jwt-leeway-s``
-(default 0) allows for clock skew.
+(default 0) allows for clock skew. ``exp``, ``nbf`` and ``iat`` must be
+times between 1970 and the end of year 9999 (``MAX_TIME_S``): a token naming
+another (``exp`` = 10^400 is a valid JSON number) is invalid, not a number
+that breaks the arithmetic of the live reads it would hold open.
 
 Claim mapping to bucket scopes: the ``scope`` claim (``--jwt-scope-claim``;
 a space-separated string as RFC 9068 has it, or a list of strings) holds
@@ -35,13 +38,14 @@ from joserfc.jwk import KeySet
 
 from tiered.ids import validate_bucket, validate_stream_path
 
-from .credentials import SCOPES, Grant, Principal, invalid_credential, normalize_prefix
+from .credentials import MAX_TIME_S, SCOPES, Grant, Principal, invalid_credential, normalize_prefix
 
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 SCOPE_ITEM_PREFIX = "tiered:"
 CACHE_ENTRIES = 4096
+TIME_CLAIMS = ("exp", "nbf", "iat")
 
 
 class JwksError(ValueError):
@@ -132,6 +136,13 @@ def grants_from_claims(claims: dict[str, Any], claim: str) -> tuple[Grant, ...]:
     return tuple(grants)
 
 
+def _sane_time(value: object) -> bool:
+    """A NumericDate between 1970 and the end of year 9999 (bool, NaN and infinities are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return 0 <= value <= MAX_TIME_S  # False for NaN as well
+
+
 class JwtVerifier:
     def __init__(
         self,
@@ -172,6 +183,9 @@ class JwtVerifier:
     def _verify(self, token: str, keys: KeySet, now_ms: int) -> Principal:
         try:
             decoded = jwt.decode(token, keys, algorithms=ALGORITHMS)
+            for name in TIME_CLAIMS:
+                if name in decoded.claims and not _sane_time(decoded.claims[name]):
+                    raise invalid_credential()
             registry = jwt.JWTClaimsRegistry(
                 now=now_ms // 1000,
                 leeway=self.leeway_s,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from tiered.clock import Clock
 
-from .credentials import Principal
+from .credentials import MAX_TIME_MS, Principal
 
 # What a lease asks about its credential now: (still valid, expiry in ms or None).
 CredentialStatus = Callable[[], tuple[bool, int | None]]
@@ -40,7 +40,8 @@ class Lease:
         _, expires_ms = self._status()
         if expires_ms is None:
             return None
-        return max(0.0, (expires_ms - self._clock.now_ms()) / 1000)
+        # Credentials end by MAX_TIME_MS (refused beyond it); clamped anyway, so no expiry can overflow a float.
+        return max(0, min(expires_ms - self._clock.now_ms(), MAX_TIME_MS)) / 1000
 
     def watch(self, uid: int) -> None:
         self.watching.add(uid)

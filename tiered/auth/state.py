@@ -16,7 +16,7 @@ import msgspec
 from tiered.errors import ErrorCode, TieredError, bad_request
 from tiered.ids import validate_bucket, validate_stream_path
 
-from .credentials import SCOPES, Grant, Principal, normalize_prefix, parse_scope
+from .credentials import MAX_TIME_MS, SCOPES, Grant, Principal, normalize_prefix, parse_scope
 from .records import AUTH_RECORD_TYPES, BucketAccessSet, TokenIssued, TokenRevoked
 
 MAX_NAME = 200
@@ -112,6 +112,8 @@ class AuthState:
             raise bad_request(f"name must be at most {MAX_NAME} printable characters")
         if expires_ms is not None and expires_ms <= now_ms:
             raise bad_request("the token would already have expired")
+        if expires_ms is not None and expires_ms > MAX_TIME_MS:
+            raise bad_request(f"expires_ms must be at most {MAX_TIME_MS} (the end of year 9999)")
         if token_id in self.tokens:
             raise bad_request("token id collision; try again")
         return TokenIssued(
@@ -132,6 +134,8 @@ class AuthState:
         old = self.get(old_id)
         if grace_ms < 0:
             raise bad_request("grace_s must not be negative")
+        if now_ms + grace_ms > MAX_TIME_MS:
+            raise bad_request("grace_s is too large: the grace would end after year 9999")
         if old.expires_ms is not None and old.expires_ms <= now_ms:
             raise bad_request("an expired token cannot be rotated; issue a new one")
         return TokenIssued(

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tiered: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level, config.log_format)
+    configure_logging(config.log_level, config.log_format, access_log=config.access_log)
     if args.command == "serve":
         from .serve import run
 

@@ -1,4 +1,11 @@
-"""``tiered serve``: the data-dir lock, the node, the HTTP listener, shutdown on SIGINT/SIGTERM."""
+"""``tiered serve``: the data-dir lock, the node, the HTTP listener, shutdown on SIGINT/SIGTERM.
+
+Before anything is opened, ``run`` resolves ``--host`` (a name that does not
+resolve is a one-line error, exit code 2) and refuses an open server off
+loopback (``Config.exposure_problem``); once listening, ``serve`` logs what
+the operator must know about exposure as warnings (``Config.exposure_warnings``:
+an open data plane off loopback, admin routes refused for want of a token).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from typing import Protocol
 from tiered.config import Config
 from tiered.datadir import DataDirLock, DataDirLocked
 from tiered.heap import freeze_recovered_state, tune_collector
+from tiered.hosts import UnresolvableHost, listen_addresses, url_host
 from tiered.http.app import build_cluster_handler, build_handler
 from tiered.http.types import Handler
 from tiered.node import Node
@@ -43,11 +51,12 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             log.info(  # a log line, so --log-format json keeps every line JSON
                 "tiered listening on %s://%s:%s (%s; data dir %s)",
                 scheme,
-                host,
+                url_host(host),
                 port,
                 config.http_server,
                 config.data_path.resolve(),
             )
+        warn_exposure(config)
         loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
         if ready is not None:
             ready.set()
@@ -83,20 +92,21 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         scheme = "https" if config.tls_cert else "http"
         bound = await listener.start(config.host, config.port)
         host, port = bound[0]
-        await cluster.start(f"{scheme}://{host}:{port}")
+        await cluster.start(f"{scheme}://{url_host(host)}:{port}")
         # Bounded: a node that cannot take shards yet (peers still hold them) serves by forwarding.
         await cluster.wait_serving(timeout_s=3 * config.cluster_lease_ttl_s)
         for host, port in bound:
             log.info(
                 "tiered listening on %s://%s:%s (%s; cluster node %s, durability %s; data dir %s)",
                 scheme,
-                host,
+                url_host(host),
                 port,
                 config.http_server,
                 config.cluster_node_id,
                 config.durability,
                 config.data_path.resolve(),
             )
+        warn_exposure(config)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -106,6 +116,11 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         if listener is not None:
             await listener.stop()
         lock.release()
+
+
+def warn_exposure(config: Config) -> None:
+    for warning in config.exposure_warnings(config.admin_token() is not None):
+        log.warning("%s", warning)
 
 
 class Listener(Protocol):
@@ -138,6 +153,11 @@ def run(config: Config) -> int:
     from tiered.hot.segment import CorruptSegmentError
     from tiered.journal.snapshot import SnapshotError
 
+    try:
+        listen_addresses(config.host)  # resolved once here; the listener and the loopback test reuse it
+    except UnresolvableHost as exc:
+        print(f"tiered: cannot start: {exc}", file=sys.stderr)
+        return 2
     problem = config.exposure_problem()
     if problem is not None:
         print(f"tiered: cannot start: {problem}", file=sys.stderr)

@@ -8,8 +8,9 @@ may appear only once in an exposition). The node adds what is its own:
 
 * the process (``process_*``: CPU, memory, file descriptors);
 * HTTP: ``tiered_http_requests_total{route,status}``, every answer this node
-  gave (the engines' own counters are not fed in cluster mode: the node's
-  request-id layer counts once, forwarded requests included as
+  gave, and ``tiered_http_client_disconnects_total{route,phase}``, every
+  client that left (the engines' own counters are not fed in cluster mode:
+  the node's request-id layer counts once, forwarded requests included as
   ``route="unmatched"`` unless a local engine named the route);
 * the cluster: shards (count), shards held here by lease state, this
   incarnation, whether the acknowledgement window is open, requests
@@ -28,6 +29,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from tiered.admin.metrics import disconnects_family
 from tiered.http.types import UNMATCHED, Request, Response
 
 from .lease import HoldState
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["ClusterMetrics", "merge_families"]
 
 #: Engine families the node replaces by its own (the engines' request counters stay empty in cluster mode).
-_NODE_OWNED = frozenset({"tiered_http_requests"})
+_NODE_OWNED = frozenset({"tiered_http_requests", "tiered_http_client_disconnects"})
 
 
 def merge_families(sources: Iterable[tuple[str, Iterable[Metric]]]) -> list[Metric]:
@@ -63,6 +65,7 @@ class ClusterMetrics:
         self.cluster = cluster
         self.registry = CollectorRegistry()
         self.requests: dict[str, dict[int, int]] = {}  # route -> status -> answers
+        self.disconnects: dict[tuple[str, str], int] = {}  # (route, phase) -> clients that left
         ProcessCollector(registry=self.registry)
         self.registry.register(_NodeCollector(self))
 
@@ -70,6 +73,10 @@ class ClusterMetrics:
         route = request.route or UNMATCHED
         by_status = self.requests.setdefault(route, {})
         by_status[response.status] = by_status.get(response.status, 0) + 1
+
+    def count_disconnect(self, request: Request, phase: str) -> None:
+        key = (request.route or UNMATCHED, phase)
+        self.disconnects[key] = self.disconnects.get(key, 0) + 1
 
     def exposition(self) -> bytes:
         engines = sorted(self.cluster.host.engines.items())
@@ -102,6 +109,7 @@ class _NodeCollector:
             for status, n in sorted(by_status.items()):
                 requests.add_metric([route, str(status)], n)
         yield requests
+        yield disconnects_family(m.disconnects)
         cluster = m.cluster
         node = cluster.node
         spec = node.spec if node is not None else None

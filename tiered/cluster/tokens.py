@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import msgspec
 
 from tiered.auth import tokens
-from tiered.auth.credentials import normalize_prefix, parse_scope
+from tiered.auth.credentials import grace_until, normalize_prefix, parse_scope, token_expiry
 from tiered.auth.http import InstallBody, IssueBody, RotateBody
 from tiered.auth.records import TokenIssued
 from tiered.clock import Clock
@@ -114,10 +114,8 @@ class ClusterTokens:
     async def issue(self, request: Request) -> Response:
         self.guard.check(request)
         b = decode_body(await request.body(), IssueBody)
-        if b.ttl_s is not None and b.expires_ms is not None:
-            raise bad_request("give ttl_s or expires_ms, not both")
         now = self.cluster.clock.now_ms()
-        expires_ms = b.expires_ms if b.ttl_s is None else now + b.ttl_s * 1000
+        expires_ms = token_expiry(now, b.ttl_s, b.expires_ms)
         bucket = validate_bucket(b.bucket)
         parse_scope(b.scope)
         prefix = normalize_prefix(b.prefix)
@@ -153,6 +151,7 @@ class ClusterTokens:
         self.guard.check(request)
         raw = await request.body()
         grace_s = (decode_body(raw, RotateBody) if raw.strip() else RotateBody()).grace_s
+        grace_until(self.cluster.clock.now_ms(), grace_s)  # refused here, before anything is read
         token_shard = self.cluster.shard_of(DEFAULT_BUCKET, "")
         described = await self.send(
             self.sub(request, token_shard, "GET", f"{TOKENS_PATH}/{old_id}", b"", False), token_shard
@@ -174,7 +173,7 @@ class ClusterTokens:
             expires_ms=old["expires_ms"],
             secret_sha256=minted.secret_sha256,
             replaces=old_id,
-            replaced_until_ms=now + grace_s * 1000,
+            replaced_until_ms=grace_until(now, grace_s),
         )
         others = [s for s in range(self.cluster.shard_count()) if s != token_shard]
         await self._install_all(request, record, others)

@@ -1,19 +1,30 @@
-"""The admin guard: operator routes need the admin bearer token (or loopback with none configured).
+"""The admin guard: operator routes need the admin bearer token.
 
 With a token configured (``--admin-token-file`` or ``TIERED_ADMIN_TOKEN``),
 every guarded route needs ``Authorization: Bearer <token>`` (compared in
-constant time, as the bytes sent). With none, guarded routes are allowed only
-when the server listens on loopback; otherwise they are refused (403).
-Refusals change nothing.
+constant time, as the bytes sent). With none, guarded routes are refused
+(403 ``ADMIN_DISABLED``), with one exception for local development: auth off
+(``--auth none`` or unset) on a loopback address. With auth on (``tokens``,
+``jwt``) loopback is no exception: a local reverse proxy or sidecar would
+otherwise hand the admin API (minting tokens for any bucket) to whoever can
+reach it (``Config.admin_open_without_token``). Refusals change nothing.
 """
 
 from __future__ import annotations
 
 import hmac
+from typing import TYPE_CHECKING
 
 from tiered.errors import ErrorCode, TieredError
 
 from .types import Handler, Request, Response
+
+if TYPE_CHECKING:
+    from tiered.config import Config
+
+DISABLED = (
+    "admin operations are disabled: configure an admin token (--admin-token-file or TIERED_ADMIN_TOKEN)"
+)
 
 
 def bearer_token(request: Request) -> bytes | None:
@@ -27,18 +38,21 @@ def bearer_token(request: Request) -> bytes | None:
 
 
 class AdminGuard:
-    def __init__(self, token: str | None, *, loopback_only: bool) -> None:
+    """``token``: the admin token (None: none configured); ``open_without_token``: allow all when there is none."""
+
+    def __init__(self, token: str | None, *, open_without_token: bool) -> None:
         self._token = token.encode() if token is not None else None
-        self._loopback_only = loopback_only
+        self._open = open_without_token
+
+    @classmethod
+    def from_config(cls, config: Config) -> AdminGuard:
+        return cls(config.admin_token(), open_without_token=config.admin_open_without_token)
 
     def check(self, request: Request) -> None:
         if self._token is None:
-            if self._loopback_only:
+            if self._open:
                 return
-            raise TieredError(
-                ErrorCode.ADMIN_DISABLED,
-                "admin operations are disabled: configure an admin token (--admin-token-file or TIERED_ADMIN_TOKEN)",
-            )
+            raise TieredError(ErrorCode.ADMIN_DISABLED, DISABLED)
         presented = bearer_token(request)
         if presented is None:
             raise TieredError(ErrorCode.UNAUTHORIZED, "admin operations need Authorization: Bearer <token>")

@@ -3,9 +3,13 @@
 No aiohttp routing or middleware: one handler gets every request (routing,
 errors and middleware are ours, in ``tiered.http``). A reader that disconnects
 cancels its handler (``handler_cancellation``), so a long-poll or SSE waiter
-slot is freed when the connection closes. Bodies are read here against the
-configured limit (413 ``PAYLOAD_TOO_LARGE``), and a streaming body that fails
-after the status line went out cuts the connection without a clean end.
+slot is freed when the connection closes; a body read the disconnect reaches
+first ends with ``ClientDisconnected`` (a client disconnect, never a 500).
+Bodies are read here against the configured limit (413
+``PAYLOAD_TOO_LARGE``); a body that breaks the HTTP framing (a bad chunk) is a
+400. A streaming body that fails after the status line went out cuts the
+connection without a clean end. A host name is listened on at every address
+it resolves to (``tiered.hosts``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from tiered.errors import ErrorCode, TieredError
+from tiered.errors import ErrorCode, TieredError, bad_request
+from tiered.hosts import listen_addresses
 
+from .errors import ClientDisconnected
 from .types import Handler, Request
 
 log = logging.getLogger(__name__)
@@ -56,24 +62,37 @@ class AiohttpListener:
         self._handler = handler
         self._max_body = max_body_bytes
         self._server = web.Server(self._handle, handler_cancellation=True, access_log=None)
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[asyncio.Server] = []
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        """Listen on every address ``host`` names, all on one port (port 0: the first address picks it)."""
         _install_filter()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self._server, host, port, backlog=1024, reuse_address=True)
-        return [sock.getsockname()[:2] for sock in self._listener.sockets]
+        try:
+            for address in listen_addresses(host):
+                listener = await loop.create_server(
+                    self._server, address, port, backlog=1024, reuse_address=True
+                )
+                self._listeners.append(listener)
+                port = listener.sockets[0].getsockname()[1]
+        except BaseException:
+            await self.stop()
+            raise
+        return [sock.getsockname()[:2] for sock in self.sockets]
 
     async def stop(self, timeout: float = 5.0) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            await self._server.shutdown(timeout)
-            await self._listener.wait_closed()
-            self._listener = None
+        listeners, self._listeners = self._listeners, []
+        if not listeners:
+            return
+        for listener in listeners:
+            listener.close()
+        await self._server.shutdown(timeout)
+        for listener in listeners:
+            await listener.wait_closed()
 
     @property
     def sockets(self) -> list[socket.socket]:
-        return list(self._listener.sockets) if self._listener is not None else []
+        return [sock for listener in self._listeners for sock in listener.sockets]
 
     async def _handle(self, raw: web.BaseRequest) -> web.StreamResponse:
         path, _, query = raw.raw_path.partition("?")
@@ -82,7 +101,12 @@ class AiohttpListener:
             return await _read_body(raw, self._max_body)
 
         request = Request(raw.method, path, query, raw.headers, read, scheme=raw.scheme, host=raw.host)
-        response = await self._handler(request)
+        try:
+            response = await self._handler(request)
+        except ClientDisconnected:
+            # The connection is gone (counted by the request-id layer): end like aiohttp's own
+            # handler cancellation, which neither answers nor logs.
+            raise asyncio.CancelledError from None
         body = response.body
         if isinstance(body, bytes):
             return web.Response(status=response.status, headers=response.headers, body=body)
@@ -112,7 +136,12 @@ async def _read_body(raw: web.BaseRequest, limit: int) -> bytes:
     chunks: list[bytes] = []
     total = 0
     while True:
-        chunk = await raw.content.readany()
+        try:
+            chunk = await raw.content.readany()
+        except ConnectionError:
+            raise ClientDisconnected("the client left before sending the whole body") from None
+        except HttpProcessingError as exc:  # the body broke its framing (a bad chunk, a short body)
+            raise bad_request(f"the request body is malformed: {exc.message}") from None
         if not chunk:
             break
         total += len(chunk)

@@ -3,7 +3,8 @@
 Order of routes (first match wins): the reserved subscription APIs
 (``/v1/stream/__ds``) before streams, then buckets, groups, admin and
 operations. Middleware, outermost first: request ids (for every log line and
-response; it also hands each answer to the request metrics), security headers
+response; it also hands each answer, and each client that left, to the
+request metrics and the access log), security headers
 (on every response), CORS preflight (open, no credentials), error mapping,
 auth (who may do what: ``tiered.http.auth``), usage (each admitted request
 counted in its bucket, live readers held to their quota).
@@ -30,6 +31,7 @@ from tiered.subscriptions.http import SubscriptionRoutes
 from tiered.tenants.http import TenantRoutes
 
 from .access import AccessMap
+from .access_log import AccessLog
 from .admin_auth import AdminGuard
 from .auth import auth_middleware
 from .cors import cors_preflight
@@ -42,13 +44,21 @@ from .types import Handler, Request, Response, json_response
 from .usage import usage_middleware
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tiered.cluster.server import ClusterServer
+    from tiered.config import Config
     from tiered.node import Node
+
+
+def access_log(config: Config, monotonic: Callable[[], float]) -> AccessLog | None:
+    """The configured access log (``--access-log``), or None when it is off."""
+    return None if config.access_log == "off" else AccessLog(config.access_log, monotonic)
 
 
 def build_handler(node: Node) -> Handler:
     chain = security_headers(cors_preflight(map_errors(_engine_chain(node))))
-    return request_ids(chain, on_answer=node.metrics.count_answer)
+    return request_ids(chain, metrics=node.metrics, access_log=access_log(node.config, node.clock.monotonic))
 
 
 def build_cluster_handler(cluster: ClusterServer) -> Handler:
@@ -66,7 +76,7 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
         return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
 
     metrics = ClusterMetrics(cluster)
-    guard = AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only)
+    guard = AdminGuard.from_config(cluster.config)
 
     async def exposition(request: Request) -> Response:
         return Response(200, {"Content-Type": METRICS_CONTENT_TYPE}, metrics.exposition())
@@ -80,13 +90,17 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
     node_router.add("GET", "/metrics", guard(exposition))
     node_router.add("GET", STREAMS_ROUTE, shard_streams)  # nodes only: signed (tiered/cluster/secret.py)
     routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
-    return request_ids(security_headers(cors_preflight(map_errors(routed))), on_answer=metrics.count_answer)
+    return request_ids(
+        security_headers(cors_preflight(map_errors(routed))),
+        metrics=metrics,
+        access_log=access_log(cluster.config, cluster.clock.monotonic),
+    )
 
 
 def build_router(node: Node) -> Router:
     """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
     c = node.config
-    guard = AdminGuard(c.admin_token(), loopback_only=c.loopback_only)
+    guard = AdminGuard.from_config(c)
     router = Router()
     SubscriptionRoutes(node.subscriptions).install(router)
     StreamRoutes(

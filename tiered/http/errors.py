@@ -10,7 +10,10 @@ and the protocol's headers carry what clients must not parse bodies for:
 ``Stream-Next-Offset`` below the retained offset, ``Producer-Epoch`` and the
 expected/received sequence headers for producers, ``Retry-After`` on every
 429 and 503, ``WWW-Authenticate`` on 401, ``Allow`` on 405. Anything that is not a
-``TieredError`` is a bug: logged with its traceback, answered 500.
+``TieredError`` is a bug: logged with its traceback, answered 500, except
+``ClientDisconnected``: the client left while its request was being read, so
+there is nobody to answer (the request-id layer counts it as a client
+disconnect, never as a 500).
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ RETRY_AFTER_S: dict[ErrorCode, int] = {
 _encode = msgspec.json.Encoder().encode
 
 
+class ClientDisconnected(Exception):
+    """The client closed the connection before its request was read in full (raised by the adapters' body reads)."""
+
+
 def error_response(exc: TieredError) -> Response:
     status = STATUS[exc.code]
     ctx = exc.context
@@ -128,6 +135,8 @@ def map_errors(handler: Handler) -> Handler:
             return await handler(request)
         except TieredError as exc:
             return error_response(exc)
+        except ClientDisconnected:
+            raise  # nobody to answer: not a bug (``tiered.http.request_id`` counts it)
         except Exception:
             log.exception("internal error handling %s %s", request.method, request.path[:200])
             return error_response(TieredError(C.INTERNAL_ERROR, "internal error"))

@@ -7,9 +7,23 @@ as they do under aiohttp. Measured here, the same handler serves appends
 faster through granian than through aiohttp (``docs/benchmarks.md``).
 
 Like the aiohttp adapter: a client that disconnects cancels its handler (a
-long-poll or SSE waiter slot is freed at once), bodies are read against the
-configured limit (413), and a streaming body that fails after the status line
-went out cuts the stream instead of ending it cleanly.
+long-poll or SSE waiter slot is freed at once), or, mid-body, ends the body
+read with ``ClientDisconnected`` (a client disconnect, not a 500); bodies are
+read against the configured limit (413), and a streaming body that fails
+after the status line went out cuts the stream instead of ending it cleanly.
+
+Reading bodies: granian's whole-body read (``await proto()``) fails on a body
+cut short (connection closed or reset before the declared ``Content-Length``,
+a chunked body without its last chunk, an HTTP/2 stream reset), but its
+chunk iterator does not: it turns such a failure into an empty chunk, the
+same as the end of the body, so a truncated body would be taken for a whole
+one. Hence: with ``Content-Length`` (checked against the limit first) and on
+HTTP/2 the body is read whole; only HTTP/1.1 chunked bodies, whose size is
+unknown until read, are iterated against the limit, and there the one
+failure signal granian leaves (an empty chunk that is not the last: the body
+failed, or carried trailer fields) is refused (400), never appended. An
+HTTP/2 body without ``Content-Length`` is thus buffered whole before the
+limit applies (413 after reading it).
 """
 
 from __future__ import annotations
@@ -26,8 +40,10 @@ from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings, HTTP2Settings
 from granian.server.embed import Server
 
-from tiered.errors import ErrorCode, TieredError
+from tiered.errors import ErrorCode, TieredError, bad_request
+from tiered.hosts import listen_addresses, url_host
 
+from .errors import ClientDisconnected
 from .types import Handler, Request, Response
 
 log = logging.getLogger(__name__)
@@ -131,6 +147,8 @@ class _App:
         timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
         try:
             await self._serve(scope, proto)
+        except ClientDisconnected:
+            pass  # nobody to answer (counted by the request-id layer)
         except asyncio.CancelledError:
             if not watch.client_left:
                 raise  # the server itself is being cancelled
@@ -140,9 +158,10 @@ class _App:
 
     async def _serve(self, scope: Any, proto: Any) -> None:
         headers = RsgiHeaders(scope.headers)
+        whole = scope.http_version == "2"
 
         async def read() -> bytes:
-            return await _read_body(proto, headers, self._max_body)
+            return await _read_body(proto, headers, self._max_body, whole=whole)
 
         host = scope.authority or headers.get("host") or ""
         request = Request(
@@ -199,24 +218,49 @@ async def _stream(proto: Any, response: Response, body: AsyncIterator[bytes], pa
             await aclose()
 
 
-async def _read_body(proto: Any, headers: RsgiHeaders, limit: int) -> bytes:
+async def _read_body(proto: Any, headers: RsgiHeaders, limit: int, *, whole: bool = False) -> bytes:
+    """The request body, read against ``limit``; ``whole``: read it in one call even without a length (HTTP/2)."""
     length = headers.get("content-length")
     if length is not None and length.isdigit():
         if int(length) > limit:
             await _drain(proto.__aiter__(), int(length))
             raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
-        body: bytes = await proto()
+        return await _whole_body(proto)
+    if whole:
+        body = await _whole_body(proto)
+        if len(body) > limit:
+            raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
         return body
     chunks: list[bytes] = []
     total = 0
     stream = proto.__aiter__()  # one iterator: granian refuses a second
     while (chunk := await _next_chunk(stream)) is not None:
+        if not chunk:
+            # granian ends a body with one empty chunk; another one after it means the
+            # body failed (cut short) or carried trailers: either way it is not the body sent.
+            if await _next_chunk(stream) is None:
+                break
+            raise bad_request(_UNFINISHED)
         total += len(chunk)
         if total > limit:
             await _drain(stream, total)
             raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_UNFINISHED = (
+    "the chunked request body did not end cleanly (the connection was cut before its last chunk, or it "
+    "carried trailer fields, which are not accepted): nothing was written"
+)
+
+
+async def _whole_body(proto: Any) -> bytes:
+    try:
+        body: bytes = await proto()
+    except ProtocolClosed:
+        raise ClientDisconnected("the client left before sending the whole body") from None
+    return body
 
 
 async def _next_chunk(stream: Any) -> bytes | None:
@@ -254,7 +298,7 @@ def _bindable_port(host: str, port: int) -> int:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise OSError(exc.errno, f"cannot listen on {url_host(host)}:{port}: {exc.strerror}") from None
         return int(s.getsockname()[1])
 
 
@@ -263,7 +307,10 @@ class RsgiListener:
 
     ``max_connections`` bounds requests in flight (granian's backpressure): it
     must exceed the live readers the service allows, or readers past it would
-    queue instead of being answered 503 by the service.
+    queue instead of being answered 503 by the service. granian binds one
+    address per server, so a host name that resolves to several addresses
+    (``localhost``: ``127.0.0.1`` and ``::1``) gets one embedded server each,
+    all on the same port and the same handler.
     """
 
     def __init__(
@@ -278,19 +325,30 @@ class RsgiListener:
         self._app = _App(handler, max_body_bytes)
         self._max_connections = max_connections
         self._tls = (tls_cert, tls_key)
-        self._server: Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._servers: list[tuple[Server, asyncio.Task[None]]] = []
 
     @property
     def scheme(self) -> str:
         return "https" if self._tls[0] is not None else "http"
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
-        port = _bindable_port(host, port)
+        """Listen on every address ``host`` names (``tiered.hosts``); returns (address, port) of each."""
+        bound: list[tuple[str, int]] = []
+        try:
+            for address in listen_addresses(host):
+                port = _bindable_port(address, port)  # port 0: the first address picks, the others follow
+                await self._start_one(address, port)
+                bound.append((address, port))
+        except BaseException:
+            await self.stop()
+            raise
+        return bound
+
+    async def _start_one(self, address: str, port: int) -> None:
         cert, key = self._tls
         server = Server(
             self._app,
-            address=host,
+            address=address,
             port=port,
             interface=Interfaces.RSGI,
             http=HTTPModes.auto,  # HTTP/1.1, and HTTP/2 by ALPN over TLS or by prior knowledge
@@ -304,21 +362,22 @@ class RsgiListener:
             ssl_key=key,
         )
         server.workers_kill_timeout = 5
-        self._server = server
-        self._task = asyncio.get_running_loop().create_task(server.serve(), name="http-granian")
-        await _until_listening(host, port, self._task)
-        return [(host, port)]
+        task = asyncio.get_running_loop().create_task(server.serve(), name=f"http-granian-{address}")
+        self._servers.append((server, task))
+        await _until_listening(address, port, task)
 
     async def stop(self, timeout: float = 5.0) -> None:
-        if self._server is None or self._task is None:
-            return
-        self._server.stop()  # type: ignore[no-untyped-call]
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            log.warning("HTTP server did not stop within %.1f s; cancelling it", timeout)
-            self._task.cancel()
-        self._server = self._task = None
+        servers, self._servers = self._servers, []
+        for server, _ in servers:
+            server.stop()  # type: ignore[no-untyped-call]
+        for _, task in servers:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except TimeoutError:
+                log.warning("HTTP server did not stop within %.1f s; cancelling it", timeout)
+                task.cancel()
+            except Exception:  # it failed to start: ``start`` raised that already
+                pass
 
 
 async def _until_listening(host: str, port: int, task: asyncio.Task[None], timeout: float = 10.0) -> None:

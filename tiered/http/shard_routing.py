@@ -76,7 +76,7 @@ from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refus
 from tiered.cluster.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.sub_feed import FEED_PATH, FEED_SYNC_PATH, SubscriptionFeeds, defines_links
-from tiered.cluster.tokens import ClusterTokens, is_token_path
+from tiered.cluster.tokens import TOKENS_PATH, ClusterTokens, is_token_path
 from tiered.cluster.usage import add_served
 from tiered.cluster.usage_shell import UsageExchange
 from tiered.cluster.xfork import CrossShardForks
@@ -86,7 +86,7 @@ from tiered.node import Node
 
 from .admin_auth import AdminGuard
 from .router import normalize_path
-from .types import Handler, Request, Response, json_response
+from .types import UNMATCHED, Handler, Request, Response, json_response
 
 __all__ = ["FORWARD_TRIES", "TARGET_SHARD", "shard_routing"]
 
@@ -135,6 +135,7 @@ def shard_routing(
         if is_token_path(path):
             target = request.headers.get(TARGET_SHARD)
             if target is None:
+                request.route = token_route_label(path)  # served here: no engine's router names it
                 return await token_routes.serve(request, path)
             return await to_shard(request, _target(target))
         plan = scatter_plan(request.method, path)
@@ -210,7 +211,7 @@ def shard_routing(
 
     token_routes = ClusterTokens(
         cluster,
-        lambda: AdminGuard(cluster.config.admin_token(), loopback_only=cluster.config.loopback_only),
+        lambda: AdminGuard.from_config(cluster.config),
         _token_sub,
         lambda sub, shard: to_shard(sub, shard),
     )
@@ -222,10 +223,11 @@ def shard_routing(
         """Ask every shard at once, then merge their answers into one (``tiered/cluster/scatter.py``)."""
         body = await request.body()
         shards = range(cluster.shard_count())
+        subs = [_sub(request, shard, body, _marks(shard, home)) for shard in shards]
         got = await asyncio.gather(
-            *(to_shard(_sub(request, shard, body, _marks(shard, home)), shard) for shard in shards),
-            return_exceptions=True,
+            *(to_shard(sub, shard) for sub, shard in zip(subs, shards, strict=True)), return_exceptions=True
         )
+        _label_from(request, subs)
         for outcome in got:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -247,11 +249,16 @@ def shard_routing(
     async def fan_out(request: Request, home: int) -> Response:
         body = await request.body()
         answers: dict[int, Response] = {}
-        for shard in range(cluster.shard_count()):
-            answers[shard] = answer = await to_shard(_sub(request, shard, body, _marks(shard, home)), shard)
-            if answer.status >= 300:
-                return answer
-        return answers[home]
+        subs: list[Request] = []
+        try:
+            for shard in range(cluster.shard_count()):
+                subs.append(sub := _sub(request, shard, body, _marks(shard, home)))
+                answers[shard] = answer = await to_shard(sub, shard)
+                if answer.status >= 300:
+                    return answer
+            return answers[home]
+        finally:
+            _label_from(request, subs)
 
     async def to_shard(request: Request, shard: int) -> Response:
         catchup: CatchupReads | None = getattr(cluster, "catchup", None)  # stand-in views have none
@@ -389,3 +396,18 @@ def _json(response: Response) -> object | None:
     except msgspec.DecodeError:
         return None
     return decoded
+
+
+def token_route_label(path: str) -> str:
+    """The metrics label of a token route this node serves itself (``tiered/cluster/tokens.py``)."""
+    if path == TOKENS_PATH:
+        return TOKENS_PATH
+    return TOKENS_PATH + ("/{id}/rotate" if path.endswith("/rotate") else "/{id}")
+
+
+def _label_from(request: Request, subs: list[Request]) -> None:
+    """Label a request this node answered from its shards' answers as the engines' routers named it."""
+    for sub in subs:
+        if sub.route != UNMATCHED:
+            request.route = sub.route
+            return
