@@ -106,9 +106,13 @@ class Family(Enum):
     OTHER = "other"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Target:
-    """One request's target, parsed (see the module docstring for what each family fills in)."""
+    """One request's target, parsed (see the module docstring for what each family fills in).
+
+    A value: nothing assigns to it once parsed. (Not ``frozen``: that would
+    triple the cost of building one, on every request, appends included.)
+    """
 
     family: Family
     path: str  # normalized (``normalize_path``), still percent-encoded: what the router matches
@@ -215,8 +219,9 @@ def parse_target(method: str, path: str, query: Mapping[str, str], headers: Mapp
 
     Raises the request's 4xx (``TieredError``) when it does not parse.
     """
-    _well_formed(path)
-    path = normalize_path(path)
+    if "%" in path:
+        _well_formed(path)
+        path = normalize_path(path)
     if path.startswith(STREAM_PREFIX):
         if path.startswith(CONTROL_PREFIX) and path[len(CONTROL_PREFIX) : len(CONTROL_PREFIX) + 1] in (
             "",
