@@ -266,9 +266,11 @@ class SseReader:
         offset: str,
         timeout: float = 10.0,
         headers: dict[str, str] | None = None,
+        raw_query: str | None = None,
         **params: str,
     ) -> None:
-        query = urllib.parse.urlencode({"offset": offset, "live": "sse", **params})
+        """``raw_query``: the query sent as it is (another spelling), instead of offset, live and params."""
+        query = raw_query or urllib.parse.urlencode({"offset": offset, "live": "sse", **params})
         host, port, target = _split(f"{url}?{query}")
         self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
         self.conn.request("GET", target, headers=headers or {})

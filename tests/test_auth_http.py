@@ -7,6 +7,13 @@ header, a made-up token, an expired one, a revoked one, JWTs with the wrong
 ``aud`` or ``iss``, expired, not yet valid, a bad signature, ``alg: none``),
 plus a valid JWT granting admin on ``acme``.
 
+Every cell runs twice: as written, and *encoded*: every character of every
+path segment (names and literal segments alike), of every query name and
+value and of the path in ``Stream-Forked-From`` percent-encoded, hex digits in
+mixed case; it must get exactly the same answer. And the matrix runs again
+with ``acme`` and ``default`` public-read: reads of streams and the bucket's
+description open to anyone, every route that changes state exactly as before.
+
 For each cell: the status is exactly the expected one; a refusal (401, 403,
 404) leaves the world as it was (buckets, groups, tokens, every bucket's
 usage, streams and bytes, as the operator sees them); a 404 is byte for byte
@@ -25,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from joserfc.jwk import RSAKey
@@ -69,6 +77,8 @@ def _ghost_bucket(path: str) -> str:
 
 
 S = "/v1/buckets/acme/stream/data/s"
+# Members joined by the join-group cells stay live the whole run (the world counts live members).
+G_ACME = {"bucket": "acme", "pattern": "data/*", "session_timeout_ms": 600_000}
 ROUTES = [
     Route("read", "GET", S + "?offset=-1", {}, b"", 200, 200, 200, _ghost_bucket),
     Route("head", "HEAD", S, {}, b"", 200, 200, 200, _ghost_bucket),
@@ -121,7 +131,7 @@ ROUTES = [
         "PUT",
         "/v1/groups/g-acme",
         {"Content-Type": "application/json"},
-        json.dumps({"bucket": "acme", "pattern": "data/*"}).encode(),
+        json.dumps(G_ACME).encode(),
         403,
         403,
         200,
@@ -304,14 +314,51 @@ def expected(route: Route, cred: str) -> int:
     return int(getattr(route, level))
 
 
-def call(srv: AuthServer, route: Route, path: str, headers: dict[str, str]) -> tuple[int, Any, bytes]:
+def _escape(text: str, n: itertools.count[int]) -> str:
+    """Every character percent-encoded; hex digits upper or lower case in turn."""
+    out = []
+    for byte in text.encode("utf-8"):
+        digits = f"{byte:02X}"
+        out.append("%" + (digits.lower() if next(n) % 2 else digits))
+    return "".join(out)
+
+
+def encode_path(path: str) -> str:
+    """``path`` (a path, maybe with a query) with every character of every segment, query name and value encoded."""
+    n = itertools.count()
+    raw, _, query = path.partition("?")
+    out = "/".join(_escape(unquote(segment), n) for segment in raw.split("/"))
+    if query:
+        pairs = (pair.partition("=") for pair in query.split("&"))
+        out += "?" + "&".join(f"{_escape(unquote(k), n)}={_escape(unquote(v), n)}" for k, _, v in pairs)
+    return out
+
+
+def spell(route: Route, path: str, spelling: str) -> tuple[str, dict[str, str]]:
+    """The path and headers to send: as written, or ``encoded``."""
+    if spelling == "plain":
+        return path, route.headers
+    headers = dict(route.headers)
+    if "Stream-Forked-From" in headers:
+        headers["Stream-Forked-From"] = encode_path(headers["Stream-Forked-From"])
+    return encode_path(path), headers
+
+
+def call(
+    srv: AuthServer,
+    route: Route,
+    path: str,
+    headers: dict[str, str],
+    route_headers: dict[str, str] | None = None,
+) -> tuple[int, Any, bytes]:
     """One request; for SSE only the status and headers (the body would stream on)."""
-    if "live=sse" not in path:
+    route_headers = route.headers if route_headers is None else route_headers
+    if route.name != "sse":
         body = route.body.replace(b"{i}", str(next(_n)).encode())
-        return request(route.method, srv.url + path, {**route.headers, **headers}, body)
+        return request(route.method, srv.url + path, {**route_headers, **headers}, body)
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=15)
     try:
-        conn.request(route.method, path, headers={**route.headers, **headers})
+        conn.request(route.method, path, headers={**route_headers, **headers})
         resp = conn.getresponse()
         data = resp.read() if resp.status != 200 else b""
         return resp.status, resp.headers, data
@@ -365,7 +412,7 @@ def _populate(srv: AuthServer) -> dict[str, dict[str, str]]:
     ):
         status, _, resp = request("PUT", url, {**OPERATOR, "Content-Type": ctype}, body)
         assert status == 201, resp
-    assert srv.admin("PUT", "/v1/groups/g-acme", {"bucket": "acme", "pattern": "data/*"})[0] == 201
+    assert srv.admin("PUT", "/v1/groups/g-acme", G_ACME)[0] == 201
     sub = {"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wakes"}
     assert srv.admin("PUT", "/v1/stream/__ds/subscriptions/sub1", sub)[0] == 201
     creds: dict[str, dict[str, str]] = {"none": {}, "malformed": {"Authorization": "Basic dXNlcjpwYXNz"}}
@@ -393,17 +440,24 @@ def _populate(srv: AuthServer) -> dict[str, dict[str, str]]:
     return creds
 
 
-@pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
-def test_route_by_credential(setup: tuple[AuthServer, dict[str, dict[str, str]]], route: Route) -> None:
-    srv, creds = setup
+def check_cells(
+    srv: AuthServer,
+    creds: dict[str, dict[str, str]],
+    route: Route,
+    spelling: str,
+    credentials: tuple[str, ...],
+    want_of: Callable[[Route, str], int],
+) -> list[str]:
+    """Each credential's call of ``route``: the exact status, nothing changed on refusal, 404s as for nothing."""
     failures = []
-    for cred in CREDENTIALS:
+    for cred in credentials:
         path = route.path.replace("{i}", str(next(_n)))
         if route.setup is not None:
             route.setup(srv, path)
-        want = expected(route, cred)
+        want = want_of(route, cred)
         before = world(srv) if want in (401, 403, 404) else None
-        status, headers, body = call(srv, route, path, creds[cred])
+        sent, route_headers = spell(route, path, spelling)
+        status, headers, body = call(srv, route, sent, creds[cred], route_headers)
         if status != want:
             failures.append(f"{cred}: {status} (want {want}) {body[:200]!r}")
             continue
@@ -415,7 +469,8 @@ def test_route_by_credential(setup: tuple[AuthServer, dict[str, dict[str, str]]]
             assert world(srv) == before, f"{route.name} x {cred}: a refusal changed something"
         if status == 404 and route.ghost is not None and route.name != "create-group":
             # Byte for byte what a missing one gets (names differ only where the request names them).
-            g_status, _, g_body = call(srv, route, route.ghost(path), OPERATOR)
+            g_path, g_headers = spell(route, route.ghost(path), spelling)
+            g_status, _, g_body = call(srv, route, g_path, OPERATOR, g_headers)
             real_group = path.split("/")[3].encode() if path.startswith("/v1/groups/") else b"g-acme"
             for ghost, real in (
                 (b"ghost-bucket", b"acme"),
@@ -426,7 +481,53 @@ def test_route_by_credential(setup: tuple[AuthServer, dict[str, dict[str, str]]]
             assert (g_status, g_body) == (status, body), (
                 f"{route.name} x {cred}: 404 differs from a missing one"
             )
-    assert not failures, f"{route.name}:\n" + "\n".join(failures)
+    return failures
+
+
+SPELLINGS = ("plain", "encoded")
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
+def test_route_by_credential(
+    setup: tuple[AuthServer, dict[str, dict[str, str]]], route: Route, spelling: str
+) -> None:
+    srv, creds = setup
+    failures = check_cells(srv, creds, route, spelling, CREDENTIALS, expected)
+    assert not failures, f"{route.name} ({spelling}):\n" + "\n".join(failures)
+
+
+#: What public read opens to anyone: reading streams (catch-up and live) and describing the bucket.
+PUBLIC_READS = frozenset({"read", "head", "long-poll", "sse", "describe-bucket", "default-stream"})
+
+
+def expected_public(route: Route, cred: str) -> int:
+    if route.name in PUBLIC_READS and (cred == "none" or cred not in INVALID):
+        return (
+            200  # anyone, with no credential or any valid one; a credential that is not valid is still a 401
+        )
+    return expected(route, cred)
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_public_read_opens_reads_and_nothing_that_changes_state(
+    setup: tuple[AuthServer, dict[str, dict[str, str]]], spelling: str
+) -> None:
+    """``acme`` and ``default`` public-read: every route x the callers public read could let in."""
+    srv, creds = setup
+    for bucket in ("acme", "default"):
+        assert srv.admin("PUT", f"/v1/admin/access/{bucket}", {"public_read": True})[0] == 200
+    try:
+        failures = []
+        for route in ROUTES:
+            cells = check_cells(
+                srv, creds, route, spelling, ("none", "other-bucket", "read", "made-up"), expected_public
+            )
+            failures += [f"{route.name} ({spelling}): {f}" for f in cells]
+        assert not failures, "\n".join(failures)
+    finally:
+        for bucket in ("acme", "default"):
+            assert srv.admin("PUT", f"/v1/admin/access/{bucket}", {"public_read": False})[0] == 200
 
 
 def test_hidden_group_creation_looks_like_a_missing_bucket(

@@ -37,6 +37,7 @@ from tiered.cluster.usage import (
 )
 from tiered.cluster.usage_shell import UsageExchange
 from tiered.errors import ErrorCode, TieredError
+from tiered.http.target import parse_target
 from tiered.tenants.gate import TenantGate
 from tiered.tenants.quotas import Quotas, check_sizes
 from tiered.tenants.state import TenantState
@@ -63,14 +64,19 @@ def test_scatter_plan_names_every_request_about_every_shard() -> None:
     assert scatter_plan("GET", "/v1/stream/x") is None
 
 
+def _wide(method: str, path: str) -> str | None:
+    return bucket_wide_write(method, parse_target(method, path, {}, {}))
+
+
 def test_bucket_wide_writes_are_puts_of_a_buckets_settings() -> None:
-    assert bucket_wide_write("PUT", "/v1/admin/quotas/logs") == "logs"
-    assert bucket_wide_write("PUT", "/v1/admin/access/logs") == "logs"
-    assert bucket_wide_write("PUT", "/v1/admin/retention/logs") == "logs"
-    assert bucket_wide_write("PUT", "/v1/admin/quotas/l%6Fgs") == "logs"
-    assert bucket_wide_write("PUT", "/v1/admin/retention/logs/a/b") is None  # one stream: its own shard
-    assert bucket_wide_write("GET", "/v1/admin/quotas/logs") is None
-    assert bucket_wide_write("PUT", "/v1/admin/quotas/") is None
+    assert _wide("PUT", "/v1/admin/quotas/logs") == "logs"
+    assert _wide("PUT", "/v1/admin/access/logs") == "logs"
+    assert _wide("PUT", "/v1/admin/retention/logs") == "logs"
+    assert _wide("PUT", "/v1/admin/quotas/l%6Fgs") == "logs"
+    assert _wide("PUT", "/v1/admin/retention/logs/a/b") is None  # one stream: its own shard
+    assert _wide("GET", "/v1/admin/quotas/logs") is None
+    assert _wide("PUT", "/v1/admin/quotas/") is None
+    assert _wide("PUT", "/v1/admin/retain/logs/a") is None
 
 
 # ----------------------------------------------------------------- merges

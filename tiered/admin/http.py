@@ -25,10 +25,10 @@ import msgspec
 from tiered.errors import ErrorCode, TieredError, bad_request
 from tiered.gc.runner import GcRunner
 from tiered.http.router import Router
+from tiered.http.target import decode_path
 from tiered.http.types import Middleware, Request, Response, json_response
 from tiered.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.parsing import UInt, decode_body, query_flag
-from tiered.streams.http import decode_path
 from tiered.streams.service import StreamService
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,9 @@ from tiered.cold.chunk_index import ColdDataDamaged
 from tiered.cold.reader import ColdReader
 from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.errors import ErrorCode, TieredError
+from tiered.http.target import Family
 from tiered.http.types import Request, Response
-from tiered.streams.http import chunk_response, decode_path, read_chunk, stream_address
+from tiered.streams.http import chunk_response, read_chunk
 from tiered.streams.locators import (
     LOCATOR_HEADER,
     LOCATOR_MEDIA_TYPE,
@@ -132,9 +133,9 @@ class CatchupReads:
         offset = catchup_offset(request.method, request.query, marked=marked)
         if offset is None:
             return None
-        try:
-            bucket, path = stream_address(decode_path(request.path))
-        except TieredError:
+        target = request.target  # parsed once, as the owner's access check and route read it
+        bucket, path = target.bucket, target.stream
+        if target.family is not Family.STREAM or bucket is None or path is None:
             return None  # not a stream read: the owner answers
         key: CacheKey = (bucket, path, credential_key(headers.get("Authorization")))
         locator = self.cache.get(key, offset, self.clock.monotonic())

@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+
+from tiered.http.target import Family, Target
 
 __all__ = [
     "Answer",
@@ -207,20 +208,13 @@ def refusal(answers: Sequence[Answer], plan: ScatterPlan) -> Answer | None:
 _BUCKET_WIDE = ("/v1/admin/quotas/", "/v1/admin/access/", "/v1/admin/retention/")
 
 
-def bucket_wide_write(method: str, path: str) -> str | None:
+def bucket_wide_write(method: str, target: Target) -> str | None:
     """The bucket a bucket-wide setting names (``PUT`` of its quotas, access or retention); else None.
 
     Every shard's engine enforces these for its own streams, so, like a
-    bucket's create, they go to every shard.
+    bucket's create, they go to every shard. The bucket is the one the
+    request's target parsed (``tiered.http.target``).
     """
-    if method != "PUT":
+    if method != "PUT" or target.family is not Family.ADMIN or target.bucket is None or target.stream:
         return None
-    for prefix in _BUCKET_WIDE:
-        if path.startswith(prefix):
-            bucket = path[len(prefix) :]
-            if bucket and "/" not in bucket:
-                try:
-                    return unquote(bucket, errors="strict")
-                except UnicodeDecodeError:
-                    return bucket
-    return None
+    return target.bucket if target.path.startswith(_BUCKET_WIDE) else None

@@ -62,7 +62,7 @@ from tiered.node import Node
 from tiered.streams.records import Appended, BucketErased, StreamCreated, StreamDeleted, StreamExpired
 from tiered.subscriptions.state import is_reserved
 
-from .routing import SUBSCRIPTIONS_KEY, route_key
+from .routing import SUBSCRIPTIONS_KEY
 from .secret import SIGNATURE_HEADER, target_of
 from .subrequest import Sign, internal_request, system_request
 
@@ -401,12 +401,14 @@ class SubscriptionFeeds:
             sender.close()
         self.senders.clear()
 
-    async def after_write(self, shard: int, path: str) -> None:
-        """A write in ``shard`` was acknowledged: wait (bounded) until the subscriptions' shard heard of it."""
+    async def after_write(self, shard: int, key: tuple[str, str] | None) -> None:
+        """A write in ``shard`` was acknowledged: wait (bounded) until the subscriptions' shard heard of it.
+
+        ``key``: the write's shard key (``routing.shard_key`` of its parsed target).
+        """
         sender = self.senders.get(shard)
         if sender is None:
             return
-        key = route_key(path)
         if key is None or key[0] != DEFAULT_BUCKET or not _watched(key[1]):
             return
         await sender.notified()

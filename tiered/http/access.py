@@ -1,23 +1,34 @@
 """What a request touches and what it needs: its bucket, the scope, the stream path, its usage class.
 
+Judged from the request's parsed target (``request.target``, ``tiered.http.target``):
+the decoded bucket, stream, query (``live``) and fork source the routes serve,
+never raw strings. A target that does not parse was refused (its 4xx) before
+this runs, so no spelling reaches a route unchecked.
+
 One table for every route (the routes themselves know nothing of auth):
 
-| route | bucket | scope | usage class |
-| --- | --- | --- | --- |
-| ``GET/HEAD`` a stream (``live=`` or not) | the stream's | read | read, or live |
-| ``PUT`` a stream (a fork also needs read on its source) | the stream's | write | append |
-| ``POST`` a stream | the stream's | write | append |
-| ``DELETE`` a stream | the stream's | write | admin |
-| ``GET /v1/buckets/{b}`` | b | read (any grant on b) | admin |
-| ``PUT /v1/buckets/{b}`` | b | admin, whole bucket | admin |
-| ``GET/HEAD`` a subscription, ``claim`` | default | read, whole bucket | admin |
-| ``PUT/DELETE`` a subscription, its ``streams`` | default | admin, whole bucket | admin |
-| a subscription's ``callback``, ``ack``, ``release`` | its own wake token (unchanged) | | |
-| ``GET`` a group, ``join``, ``heartbeat``, ``leave`` | the group's | read, whole bucket | admin |
-| ``PUT`` a group (the body's bucket), ``DELETE``, its ``streams`` | the group's | admin, whole bucket | admin |
-| ``GET /v1/buckets``, ``GET /v1/groups`` | any credential; the answer lists what it may see | | |
-| ``/v1/admin/...``, ``/metrics``, ``DELETE /v1/buckets/{b}`` | the operator's admin token | | |
-| ``/healthz``, ``/readyz``, the webhook JWKS, unknown routes | open | | |
+| route | bucket | scope | usage class | public read |
+| --- | --- | --- | --- | --- |
+| ``GET/HEAD`` a stream (``live=`` or not) | the stream's | read | read, or live | yes |
+| ``PUT`` a stream (a fork also needs read on its source) | the stream's | write | append | |
+| ``POST`` a stream | the stream's | write | append | |
+| ``DELETE`` a stream | the stream's | write | admin | |
+| ``GET/HEAD /v1/buckets/{b}`` | b | read (any grant on b) | admin | yes |
+| ``PUT /v1/buckets/{b}`` | b | admin, whole bucket | admin | |
+| ``GET/HEAD`` a subscription, ``claim`` | default | read, whole bucket | admin | |
+| ``PUT/DELETE`` a subscription, its ``streams`` | default | admin, whole bucket | admin | |
+| a subscription's ``callback``, ``ack``, ``release`` | its own wake token (unchanged) | | | |
+| ``GET`` a group, ``join``, ``heartbeat``, ``leave`` | the group's | read, whole bucket | admin | |
+| ``PUT`` a group (the body's bucket), ``DELETE``, its ``streams`` | the group's | admin, whole bucket | admin | |
+| ``GET /v1/buckets``, ``GET /v1/groups`` | any credential; the answer lists what it may see | | | |
+| ``/v1/admin/...``, ``/metrics``, ``DELETE /v1/buckets/{b}`` | the operator's admin token | | | |
+| ``/healthz``, ``/readyz``, the webhook JWKS, unknown routes | open | | | |
+
+*Public read* (``PUT /v1/admin/access/{b}``) admits anyone, with or without a
+credential, to what the last column marks: reading the bucket's streams
+(catch-up and live; a fork's source counts as a read) and describing the
+bucket. Nothing that changes state: a group's join, heartbeat (commits) and
+leave, a subscription's claim and everything else still need a grant.
 
 A node's signed *system* call (``tiered.auth.node_call.SYSTEM``: a wake
 event, a fork pin, the pin sweep) is the operator on the stream routes
@@ -34,19 +45,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from urllib.parse import unquote
 
 from tiered.auth.credentials import Level
 from tiered.errors import ErrorCode, TieredError
 from tiered.ids import DEFAULT_BUCKET
 from tiered.parsing import decode_json
-from tiered.streams.http import BUCKETS_PREFIX, RESERVED_SEGMENT, STREAM_PREFIX, decode_path, stream_address
 
-from .router import normalize_path
+from .target import Family, StreamAddress, Target
 from .types import Request
 
-CONTROL_PREFIX = STREAM_PREFIX + RESERVED_SEGMENT  # /v1/stream/__ds
 SELF_AUTHENTICATED = ("callback", "ack", "release")  # carry a subscription wake token
+_SAFE = ("GET", "HEAD")
 
 
 class Kind(Enum):
@@ -63,24 +72,13 @@ class Access:
     kind: Kind
     bucket: str | None = None
     level: Level = Level.READ
-    raw_path: str | None = None  # the request path of a stream route: ``stream_path`` decodes it
+    stream: str | None = None  # the stream a stream route names (grants with a prefix must cover it)
     whole_bucket: bool = False  # reaches every stream of the bucket (only grants without a prefix)
     request_class: str | None = None  # usage: append, read, live, admin
     live: bool = False
     missing: Callable[[], TieredError] | None = None  # the route's own answer for "no such thing"
-    fork: tuple[str, str] | None = None  # a fork's source (bucket, path): read is needed there too
-
-    def stream_path(self) -> str | None:
-        """The stream the request names (grants with a prefix must cover it); None if it names none validly.
-
-        Decoded only when a prefix needs it: most requests never pay for it.
-        """
-        if self.raw_path is None:
-            return None
-        try:
-            return stream_address(decode_path(self.raw_path))[1]
-        except TieredError:  # a bad name: the route answers 400 to whoever may use the bucket
-            return None
+    fork: StreamAddress | None = None  # a fork's source (bucket, path): read is needed there too
+    public: bool = False  # a public-read bucket admits it from anyone: a read that changes nothing
 
 
 OPEN = Access(Kind.OPEN)
@@ -97,133 +95,52 @@ def _bucket_missing(bucket: str) -> TieredError:
     return TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
 
 
+def _subscription_missing() -> TieredError:
+    return TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Subscription not found")
+
+
 def fork_missing() -> TieredError:
     return TieredError(ErrorCode.FORK_SOURCE_NOT_FOUND, "fork source stream not found")
 
 
 def system_may(access: Access) -> bool:
     """Whether a node's system call may act as the operator here: on a stream route, nowhere else."""
-    return access.kind is Kind.BUCKET and access.raw_path is not None
+    return access.kind is Kind.BUCKET and access.stream is not None
 
 
 class AccessMap:
+    """Classifies a request from its parsed target (``request.target``), never from raw strings."""
+
     def __init__(self, group_bucket: Callable[[str], str | None]) -> None:
         self._group_bucket = group_bucket
 
     def classify(self, request: Request) -> Access:
-        path = normalize_path(request.path)
-        if path.startswith(STREAM_PREFIX):
-            if path.startswith(CONTROL_PREFIX) and path[len(CONTROL_PREFIX) : len(CONTROL_PREFIX) + 1] in (
-                "",
-                "/",
-            ):
-                return self._subscription(request, path)
-            return self._stream(request, path, DEFAULT_BUCKET)
-        if path.startswith(BUCKETS_PREFIX):
-            rest = path[len(BUCKETS_PREFIX) :]
-            bucket, sep, tail = rest.partition("/")
-            if not sep:
-                return self._bucket(request, bucket)
-            if tail.startswith("stream/"):
-                return self._stream(request, path, bucket)
-            return OPEN  # no such route
-        if path == "/v1/buckets" or path == "/v1/groups":
+        target = request.target  # a target that does not parse is refused here, before any check
+        family = target.family
+        if family is Family.STREAM:
+            return _stream(request.method, target)
+        if family is Family.SUBSCRIPTION or family is Family.CONTROL:
+            return _control(request.method, target)
+        if family is Family.BUCKET:
+            return _bucket(request.method, target)
+        if family is Family.GROUP:
+            return self._group(request.method, target)
+        if family is Family.BUCKETS or family is Family.GROUPS:
             return ANY
-        if path.startswith("/v1/groups/"):
-            return self._group(request, path[len("/v1/groups/") :])
-        if path.startswith("/v1/admin/") or path == "/metrics":
+        if family is Family.ADMIN or family is Family.METRICS:
             return OPERATOR
-        return OPEN
+        return OPEN  # the JWKS, health, and no such route
 
-    # ------------------------------------------------------------- streams and buckets
-
-    def _stream(self, request: Request, path: str, bucket: str) -> Access:
-        method = request.method
-        stream = path  # decoded lazily (Access.stream_path)
-        if method in ("GET", "HEAD"):
-            live = _live(request)
-            return Access(
-                Kind.BUCKET,
-                bucket,
-                Level.READ,
-                stream,
-                request_class="live" if live else "read",
-                live=live,
-                missing=_stream_missing,
-            )
-        if method == "PUT":
-            return Access(
-                Kind.BUCKET,
-                bucket,
-                Level.WRITE,
-                stream,
-                request_class="append",
-                missing=lambda: _bucket_missing(bucket),
-                fork=_fork_source(request),
-            )
-        if method == "POST":
-            return Access(
-                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="append", missing=_stream_missing
-            )
-        if method == "DELETE":
-            return Access(
-                Kind.BUCKET, bucket, Level.WRITE, stream, request_class="admin", missing=_stream_missing
-            )
-        return Access(Kind.BUCKET, bucket, Level.READ, stream, missing=_stream_missing)  # 405 from the route
-
-    def _bucket(self, request: Request, bucket: str) -> Access:
-        method = request.method
-        if method == "DELETE":
-            return OPERATOR
-        if method == "PUT":
-            return Access(
-                Kind.BUCKET,
-                bucket,
-                Level.ADMIN,
-                whole_bucket=True,
-                request_class="admin",
-                missing=lambda: _bucket_missing(bucket),
-            )
-        return Access(
-            Kind.BUCKET, bucket, Level.READ, request_class="admin", missing=lambda: _bucket_missing(bucket)
-        )
-
-    # ------------------------------------------------------------- subscriptions and groups
-
-    def _subscription(self, request: Request, path: str) -> Access:
-        parts = path.split("/")[4:]
-        first = unquote(parts[0]) if parts else ""
-        if first == "jwks.json" and len(parts) == 1:
-            return OPEN
-        tail = [unquote(p) for p in parts[2:3]] if first == "subscriptions" else []
-        method = request.method
-        if tail and tail[0] in SELF_AUTHENTICATED and len(parts) == 3:
-            return SELF
-        if not tail:
-            level = Level.READ if method in ("GET", "HEAD") else Level.ADMIN
-        elif tail[0] == "claim":
-            level = Level.READ
-        else:
-            level = Level.ADMIN
-        return Access(
-            Kind.BUCKET,
-            DEFAULT_BUCKET,
-            level,
-            whole_bucket=True,
-            request_class="admin",
-            missing=lambda: TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Subscription not found"),
-        )
-
-    def _group(self, request: Request, rest: str) -> Access:
-        name, _, action = rest.partition("/")
-        method = request.method
+    def _group(self, method: str, target: Target) -> Access:
+        name, action = target.name, target.action
+        assert name is not None
         if method == "PUT" and not action:
             # Creating a group: its bucket is in the body, read only for a caller that authenticated.
             return Access(Kind.BODY, request_class="admin")
         bucket = self._group_bucket(name)
         if bucket is None:
             return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
-        reads = (method in ("GET", "HEAD") and not action) or action in ("join", "heartbeat", "leave")
+        reads = (method in _SAFE and not action) or action in ("join", "heartbeat", "leave")
 
         def missing() -> TieredError:
             return TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist")
@@ -238,23 +155,85 @@ class AccessMap:
         )
 
 
-def _live(request: Request) -> bool:
-    if "live=" not in request.query_string:
-        return False
-    try:
-        return request.query.get("live") in ("long-poll", "sse")
-    except TieredError:
-        return False
+def _stream(method: str, target: Target) -> Access:
+    bucket, stream = target.bucket, target.stream
+    assert bucket is not None
+    if method == "POST":
+        return Access(
+            Kind.BUCKET, bucket, Level.WRITE, stream, request_class="append", missing=_stream_missing
+        )
+    if method in _SAFE:
+        live = target.live is not None
+        return Access(
+            Kind.BUCKET,
+            bucket,
+            Level.READ,
+            stream,
+            request_class="live" if live else "read",
+            live=live,
+            missing=_stream_missing,
+            public=True,
+        )
+    if method == "PUT":
+        return Access(
+            Kind.BUCKET,
+            bucket,
+            Level.WRITE,
+            stream,
+            request_class="append",
+            missing=lambda: _bucket_missing(bucket),
+            fork=target.fork,
+        )
+    if method == "DELETE":
+        return Access(
+            Kind.BUCKET, bucket, Level.WRITE, stream, request_class="admin", missing=_stream_missing
+        )
+    return Access(Kind.BUCKET, bucket, Level.READ, stream, missing=_stream_missing)  # 405 from the route
 
 
-def _fork_source(request: Request) -> tuple[str, str] | None:
-    source = request.headers.get("Stream-Forked-From")
-    if source is None:
-        return None
-    try:
-        return stream_address(decode_path(normalize_path(source.split("?", 1)[0])))
-    except (TieredError, UnicodeEncodeError):
-        return None  # the route answers FORK_SOURCE_NOT_FOUND itself
+def _bucket(method: str, target: Target) -> Access:
+    bucket = target.bucket
+    assert bucket is not None
+    if method == "DELETE":
+        return OPERATOR
+    if method == "PUT":
+        return Access(
+            Kind.BUCKET,
+            bucket,
+            Level.ADMIN,
+            whole_bucket=True,
+            request_class="admin",
+            missing=lambda: _bucket_missing(bucket),
+        )
+    return Access(
+        Kind.BUCKET,
+        bucket,
+        Level.READ,
+        request_class="admin",
+        missing=lambda: _bucket_missing(bucket),
+        public=method in _SAFE,
+    )
+
+
+def _control(method: str, target: Target) -> Access:
+    """The subscription APIs: in the default bucket, whole-bucket; wakes carry their own token."""
+    action = target.action
+    if action is None:
+        level = Level.READ if method in _SAFE else Level.ADMIN
+    elif not target.rest and action in SELF_AUTHENTICATED:
+        return SELF
+    elif not target.rest and action == "claim":
+        level = Level.READ
+    else:
+        level = Level.ADMIN
+    return Access(
+        Kind.BUCKET,
+        DEFAULT_BUCKET,
+        level,
+        whole_bucket=True,
+        request_class="admin",
+        missing=_subscription_missing,
+    )
 
 
 async def resolve(request: Request, access: Access) -> Access:

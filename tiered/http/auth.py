@@ -49,16 +49,14 @@ class _Caller:
 def _check(service: AuthService, principal: Principal | None, access: Access) -> None:
     bucket = access.bucket
     assert bucket is not None
-    path = None
-    if principal is not None and any(g.prefix is not None and g.bucket == bucket for g in principal.grants):
-        path = access.stream_path()  # only a prefix needs the stream's name
     verdict = authorize(
         principal,
         bucket,
         access.level,
-        path=path,
+        path=access.stream,
         whole_bucket=access.whole_bucket,
-        public_read=service.public_read(bucket),
+        # Public read admits reads that change nothing: streams and the bucket's description.
+        public_read=access.public and service.public_read(bucket),
     )
     if verdict is Verdict.ALLOW:
         return

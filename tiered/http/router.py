@@ -20,21 +20,12 @@ from typing import NamedTuple
 
 from tiered.errors import ErrorCode, TieredError
 
+from .target import normalize_path
 from .types import UNMATCHED, Handler, Request, Response
 
+__all__ = ["Route", "Router", "normalize_path"]
+
 _PARAM = re.compile(r"\{(\w+)(\.\.\.)?\}")
-_UNRESERVED_ESCAPE = re.compile(r"%(2[DdEe]|3[0-9]|[46][1-9A-Fa-f]|[57][0-9Aa]|5[Ff]|7[Ee])")
-
-
-def normalize_path(path: str) -> str:
-    """Decode percent-escapes of unreserved characters (RFC 3986 6.2.2.2): same URI, one spelling.
-
-    ``/v1/stream/%5F%5Fds/...`` is ``/v1/stream/__ds/...``, so it routes the same;
-    escapes of reserved characters (``%2F``, ``%3F``...) stay as they are.
-    """
-    if "%" not in path:
-        return path
-    return _UNRESERVED_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), path)
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -95,7 +86,7 @@ class Router:
         return route.label if route is not None else pattern
 
     async def __call__(self, request: Request) -> Response:
-        path = request.path = normalize_path(request.path)
+        path = request.path = request.target.path  # normalized once, with the rest of the target
         # The loop of ``_find``, inline: this runs for every request.
         for prefix, rx, pattern, table in self._routes:
             if not path.startswith(prefix):

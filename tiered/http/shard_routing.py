@@ -1,6 +1,7 @@
 """Middleware (cluster mode): send each request to the engine of its shard, here or on the owner.
 
-A request with a shard key (``tiered/cluster/routing.py``) is served by this
+A request with a shard key (``tiered/cluster/routing.py``, from the request's
+target parsed once: ``tiered.http.target``) is served by this
 node's engine for that shard when this node may acknowledge in it now; then,
 for a write, the lease is checked again after the engine answered (and, in
 object-store durability, after the write is in a WAL object): a node whose
@@ -71,7 +72,7 @@ from tiered.cluster.forward import (
     moved_away,
 )
 from tiered.cluster.pin_sweep import PinSweeper
-from tiered.cluster.routing import bucket_write, is_write, route_key
+from tiered.cluster.routing import bucket_write, is_write, shard_key
 from tiered.cluster.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
 from tiered.cluster.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
@@ -85,7 +86,7 @@ from tiered.ids import DEFAULT_BUCKET
 from tiered.node import Node
 
 from .admin_auth import AdminGuard
-from .router import normalize_path
+from .target import Target
 from .types import UNMATCHED, Handler, Request, Response, json_response
 
 __all__ = ["FORWARD_TRIES", "TARGET_SHARD", "shard_routing"]
@@ -129,7 +130,8 @@ def shard_routing(
         return known[1]
 
     async def route(request: Request) -> Response:
-        path = normalize_path(request.path)
+        parsed = request.target  # parsed once: the engine's access check and routes read this same value
+        path = parsed.path
         if path == FEED_SYNC_PATH:
             return await feed_sync(request)
         if is_token_path(path):
@@ -142,10 +144,10 @@ def shard_routing(
         if plan is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
-                return await gather(request, plan, _home(path))
+                return await gather(request, plan, _home(parsed))
             return await to_shard(request, _target(target))
-        key = route_key(path)
-        bucket = bucket_write(request.method, path) or bucket_wide_write(request.method, path)
+        key = shard_key(parsed)
+        bucket = bucket_write(request.method, parsed) or bucket_wide_write(request.method, parsed)
         if bucket is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
@@ -168,9 +170,9 @@ def shard_routing(
             raise TieredError(ErrorCode.BAD_REQUEST, f"{TARGET_SHARD} must name a shard")
         return int(target)
 
-    def _home(path: str) -> int:
+    def _home(parsed: Target) -> int:
         """The shard that counts a fanned-out request in its bucket's usage: the bucket's well-known one."""
-        key = route_key(path)
+        key = shard_key(parsed)
         return cluster.shard_of(key[0] if key is not None else DEFAULT_BUCKET, "")
 
     def _sub(
@@ -329,7 +331,7 @@ def shard_routing(
         call = await _verified(request)
         if request.path == FEED_PATH:
             return await feeds.handle(shard, engine, request, call)
-        links = defines_links(request.method, normalize_path(request.path))
+        links = defines_links(request.method, request.target.path)
         if links:
             # Other shards' recent writes reported first: the subscription links them at their tails.
             await feeds.barrier()
@@ -341,7 +343,7 @@ def shard_routing(
             if cluster.object_store:
                 await cluster.durable(shard)
             cluster.check_acknowledge(shard)  # still ours: only now is the write acknowledged
-            await feeds.after_write(shard, normalize_path(request.path))
+            await feeds.after_write(shard, shard_key(request.target))
         return response
 
     async def _verified(request: Request) -> NodeCall | None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
-from urllib.parse import parse_qsl
 
-from tiered.errors import ErrorCode, TieredError
+from .target import Target, decode_query, parse_target
 
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
@@ -56,7 +55,9 @@ class AuthView(Protocol):
 class Request:
     """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.
 
-    The router fills in ``params`` and ``route`` (the matched route's name, for metrics).
+    ``target`` is what the request names, parsed once (``tiered.http.target``):
+    every layer reads it rather than the raw path, query or headers. The
+    router fills in ``params`` and ``route`` (the matched route's name, for metrics).
     """
 
     __slots__ = (
@@ -72,6 +73,7 @@ class Request:
         "access",
         "_read",
         "_query",
+        "_target",
         "_body",
     )
 
@@ -100,6 +102,7 @@ class Request:
         )
         self._read = read
         self._query: dict[str, str] | None = None
+        self._target: Target | None = None
         self._body: bytes | None = None
 
     async def body(self) -> bytes:
@@ -121,18 +124,21 @@ class Request:
 
     @property
     def query(self) -> dict[str, str]:
-        """Query parameters, percent-decoded as strict UTF-8; the first of repeated names wins."""
+        """Query parameters, percent-decoded as strict UTF-8 (400 otherwise); the first of repeated names wins.
+
+        The same mapping as ``target.query``: decoded once.
+        """
         if self._query is None:
-            query: dict[str, str] = {}
-            if self.query_string:
-                try:
-                    pairs = parse_qsl(self.query_string, keep_blank_values=True, errors="strict")
-                except UnicodeDecodeError:
-                    raise TieredError(ErrorCode.BAD_REQUEST, "the query string is not valid UTF-8") from None
-                for name, value in pairs:
-                    query.setdefault(name, value)
-            self._query = query
+            self._query = decode_query(self.query_string)
         return self._query
+
+    @property
+    def target(self) -> Target:
+        """What the request names, parsed once (``tiered.http.target``); raises its 4xx if it does not parse."""
+        target = self._target
+        if target is None:
+            target = self._target = parse_target(self.method, self.path, self.query, self.headers)
+        return target
 
 
 Body = bytes | AsyncIterator[bytes]

@@ -4,22 +4,26 @@
   clients and the conformance suite use);
 * ``/v1/buckets/{bucket}/stream/{path}``: a stream in an explicit bucket.
 
-Handlers parse headers into requests, call ``StreamService`` and render its
-answers; protocol rules live in ``protocol``, state rules in the state
-machine, and errors are ``TieredError`` codes mapped in ``tiered.http.errors``.
+The stream's address, the live mode and a fork's source come from the
+request's parsed target (``tiered.http.target``), the very value the access
+check judged: never parsed again here. Handlers parse the other headers into
+requests, call ``StreamService`` and render its answers; protocol rules live
+in ``protocol``, state rules in the state machine, and errors are
+``TieredError`` codes mapped in ``tiered.http.errors``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from urllib.parse import unquote
 
 from tiered.clock import Clock
 from tiered.content import is_text_like, json_messages_to_array, valid_media_type
 from tiered.errors import ErrorCode, TieredError, bad_request
 from tiered.http.router import Router
+from tiered.http.target import StreamAddress
+from tiered.http.target import clean_header as _clean_header
 from tiered.http.types import LiveLease, Request, Response
-from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset, validate_bucket, validate_stream_path
+from tiered.ids import format_offset, parse_offset
 from tiered.parsing import parse_uint
 
 from .locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
@@ -28,9 +32,6 @@ from .protocol import check_header_lengths, next_cursor, parse_closed, parse_exp
 from .service import StreamService
 from .sse import control_event, credential_event, data_event, utf8_boundary
 
-STREAM_PREFIX = "/v1/stream/"
-BUCKETS_PREFIX = "/v1/buckets/"
-RESERVED_SEGMENT = "__ds"  # the protocol's control namespace (tiered.subscriptions), never a stream
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 # Headers whose values we store or echo: they must be clean UTF-8 text.
 _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
@@ -38,45 +39,6 @@ _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-Fro
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
 #: Metrics labels of stream operations (``route`` in ``tiered_http_requests_total``).
 OPERATION_LABELS = {"POST": "append", "GET": "read", "HEAD": "head", "PUT": "create", "DELETE": "delete"}
-
-#: Decoded and validated stream addresses by raw request path: clients send the
-#: same few URLs over and over, and decoding plus validating costs more than a lookup.
-ADDRESS_CACHE_SIZE = 8192
-
-
-def decode_path(raw: str) -> str:
-    """Percent-decode strictly: invalid UTF-8 must not alias onto U+FFFD names."""
-    try:
-        return unquote(raw, errors="strict")
-    except UnicodeDecodeError:
-        raise bad_request("the path is not valid UTF-8 once percent-decoded") from None
-
-
-def stream_address(path: str) -> tuple[str, str]:
-    """(bucket, stream path) of a decoded request path, validated; ``BAD_REQUEST`` otherwise."""
-    if path.startswith(STREAM_PREFIX):
-        return DEFAULT_BUCKET, _not_reserved(validate_stream_path(path[len(STREAM_PREFIX) :]))
-    if path.startswith(BUCKETS_PREFIX):
-        bucket, sep, tail = path[len(BUCKETS_PREFIX) :].partition("/stream/")
-        if sep:
-            return validate_bucket(bucket), _not_reserved(validate_stream_path(tail))
-    raise bad_request("not a stream URL")
-
-
-def _not_reserved(path: str) -> str:
-    if path.split("/", 1)[0] == RESERVED_SEGMENT:
-        raise bad_request(
-            "stream paths whose first segment is __ds are reserved for Durable Streams control APIs"
-        )
-    return path
-
-
-def _clean_header(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates
-        return False
-    return value.isprintable()
 
 
 class StreamRoutes:
@@ -106,7 +68,6 @@ class StreamRoutes:
             "PUT": self.create,
             "DELETE": self.delete,
         }
-        self._addresses: dict[str, tuple[str, str]] = {}
 
     def install(self, router: Router) -> None:
         for pattern in ("/v1/stream/{path...}", "/v1/buckets/{bucket}/stream/{path...}"):
@@ -123,13 +84,9 @@ class StreamRoutes:
                 f"method {request.method} is not allowed on a stream",
                 allow="GET, HEAD, PUT, POST, DELETE",
             )
-        address = self._addresses.get(request.path)
-        if address is None:
-            address = stream_address(decode_path(request.path))  # 400 on a bad name: never cached
-            if len(self._addresses) >= ADDRESS_CACHE_SIZE:
-                self._addresses.clear()
-            self._addresses[request.path] = address
-        bucket, path = address
+        target = request.target  # parsed once (and cached per path): what the access check judged
+        bucket, path = target.bucket, target.stream
+        assert bucket is not None and path is not None
         headers = request.headers
         check_header_lengths(headers)  # first: an oversized value costs one comparison
         for name in _TEXT_HEADERS:
@@ -147,7 +104,7 @@ class StreamRoutes:
             raise bad_request(f"invalid Content-Type {content_type!r}")
         ttl_s, expires_at, expires_at_ms = _expiry(h)
         closed = parse_closed(h.get("Stream-Closed"))
-        fork = await self._fork_request(h, bucket, path)
+        fork = await self._fork_request(h, request.target.fork, bucket, path)
         body = await request.body()
         created, s = await self.service.create(
             bucket, path, CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork)
@@ -161,18 +118,17 @@ class StreamRoutes:
             headers["Location"] = (request.origin or "") + request.path
         return Response(201 if created else 200, headers)
 
-    async def _fork_request(self, h: Mapping[str, str], bucket: str, path: str) -> ForkRequest | None:
-        source_url = h.get("Stream-Forked-From")
+    async def _fork_request(
+        self, h: Mapping[str, str], source: StreamAddress | None, bucket: str, path: str
+    ) -> ForkRequest | None:
+        """``source``: the fork's source as the target parsed it (and the access check judged it)."""
         offset_raw = h.get("Stream-Fork-Offset")
         sub_raw = h.get("Stream-Fork-Sub-Offset")
-        if source_url is None:
+        if source is None:
             if offset_raw is not None or sub_raw is not None:
                 raise bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
             return None
-        try:
-            src_bucket, src_path = stream_address(decode_path(source_url.split("?", 1)[0]))
-        except TieredError:
-            raise TieredError(ErrorCode.FORK_SOURCE_NOT_FOUND, "fork source stream not found") from None
+        src_bucket, src_path = source
         offset = None
         if offset_raw is not None:
             offset = parse_offset(offset_raw)
@@ -239,9 +195,7 @@ class StreamRoutes:
 
     async def read(self, request: Request, bucket: str, path: str) -> Response:
         q = request.query
-        live = q.get("live")
-        if live not in (None, "long-poll", "sse"):
-            raise bad_request(f"unknown live mode {live!r}; use long-poll or sse")
+        live = request.target.live  # an unknown mode was refused (400) when the target was parsed
         offset_raw = q.get("offset")
         if live is not None and offset_raw is None:
             raise bad_request("live reads need an offset")

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 
 from tiered.errors import ErrorCode, TieredError
 from tiered.http.router import Router
+from tiered.http.target import Family
 from tiered.http.types import Request, Response, json_response
 from tiered.parsing import decode_json
 
@@ -86,10 +87,9 @@ class SubscriptionRoutes:
             raise
 
     async def _dispatch(self, request: Request) -> Response:
-        # Raw segments after /v1/stream/__ds: ids and stream paths may hold encoded slashes.
-        parts = request.path.split("/")[4:]
-        first = unquote(parts[0]) if parts else ""
-        if first == "jwks.json" and len(parts) == 1:
+        # Segments as the request's target parsed them (``tiered.http.target``), the access check's too.
+        target = request.target
+        if target.family is Family.JWKS:
             if request.method not in ("GET", "HEAD"):
                 raise _not_allowed(request.method, "GET, HEAD")
             return json_response(
@@ -98,9 +98,9 @@ class SubscriptionRoutes:
                 {"Cache-Control": "public, max-age=300"},
                 content_type="application/jwk-set+json",
             )
-        if first == "subscriptions" and len(parts) > 1 and parts[1]:
-            sub_id = validate_subscription_id(_strict_unquote(parts[1], "subscription id"))
-            tail = [unquote(p) for p in parts[2:3]] + parts[3:]
+        if target.family is Family.SUBSCRIPTION and target.name is not None:
+            sub_id = validate_subscription_id(target.name)
+            tail = [] if target.action is None else [target.action, *target.rest]
             handler = self._route(request, tail)
             if handler is not None:
                 return await handler(request, sub_id)
