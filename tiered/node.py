@@ -38,7 +38,7 @@ from .auth.service import AuthService
 from .auth.state import AuthState
 from .clock import Clock, SystemClock
 from .config import Config
-from .groups.service import GroupService
+from .groups.service import GroupService, RetentionFollower
 from .groups.state import GroupsState
 from .journal.committer import Committer
 from .journal.journal import Journal
@@ -291,6 +291,7 @@ class Node:
         )
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
+        self.committer.observers.append(RetentionFollower(self.groups, follow=not self.offline))
         self._compose_tenants()
         self.metrics.watch(self)
         self._composed = True
