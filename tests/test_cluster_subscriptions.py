@@ -256,3 +256,35 @@ def test_retention_reported_by_another_shard_moves_links_past_it() -> None:
     assert feed(batch(9, [("events/r", 0, 5)])) == ([], [])
     assert feed(FeedBatch(4, None, False, [("events/r", 7, 9)], [])) == ([], [])
 
+
+def test_the_feed_reports_a_write_again_once_it_is_durable() -> None:
+    """A post built before a write is durable carries the old visible tail: the durable write marks it again.
+
+    fb04ba4: nothing did, so a stream created empty and then appended to in another shard was reported at
+    tail 0 and its append never (no wake until the stream's next change: a silent stall).
+    """
+    from types import SimpleNamespace
+
+    from tiered.cluster.sub_feed import FeedObserver
+    from tiered.streams.model import AppendRequest, CreateRequest
+
+    state = StreamState([])
+    marked: list[str | None] = []
+    observer = FeedObserver(SimpleNamespace(state=state), marked.append)  # type: ignore[arg-type]
+    t0 = 1_700_000_000_000
+    created, _ = state.decide_create(
+        DEFAULT_BUCKET, "events/a", CreateRequest("text/plain", None, None, None, False, b""), t0
+    )
+    for record in created:
+        assert observer.on_durable(record) is None  # created empty: its creation report is exact
+        state.apply(record, None)
+    appended = state.decide_append(DEFAULT_BUCKET, "events/a", AppendRequest("text/plain", b"abc", False), t0)
+    callback = observer.on_durable(appended)
+    state.apply(appended, (1, 0))
+    assert callback is not None and marked == []
+    callback()
+    assert marked == ["events/a"]
+    reserved, _ = state.decide_create(
+        DEFAULT_BUCKET, "__ds/x", CreateRequest("text/plain", None, None, None, False, b"x"), t0
+    )
+    assert observer.on_durable(reserved[0]) is None  # reserved paths are never reported

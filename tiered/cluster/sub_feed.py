@@ -235,8 +235,24 @@ class FeedObserver:
             self.mark(None)
         return ()
 
-    def on_durable(self, record: Any) -> None:
-        return None
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        """Mark an appended (or created) path again once durable: its *visible* tail moved only now.
+
+        A post built between the apply and durability reports the tail readers
+        saw before the write; without this mark the new tail would wait for
+        the stream's next change, and so would the wakes it owes.
+        """
+        path: str | None = None
+        if isinstance(record, Appended):
+            s = self.state.streams.get(record.uid)
+            if s is not None and s.bucket == DEFAULT_BUCKET:
+                path = s.path
+        elif isinstance(record, StreamCreated) and record.bucket == DEFAULT_BUCKET and record.data:
+            path = record.path
+        if path is None or not _watched(path):
+            return None
+        mark, marked = self.mark, path
+        return lambda: mark(marked)
 
 
 class FeedSender:
