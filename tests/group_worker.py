@@ -2,7 +2,7 @@
 
     python tests/group_worker.py URL GROUP MEMBER LOGFILE
 
-Uses ``tiered.client.GroupConsumer``: for every batch it appends one line
+Uses ``tiered.groups.client.GroupConsumer``: for every batch it appends one line
 ``<stream> <offset> <fence>`` per message (messages are newline-terminated) to
 LOGFILE and flushes it to the OS *before* committing, so a SIGKILL can lose
 commits (the messages are then processed again) but never a processed record.

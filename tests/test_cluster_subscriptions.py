@@ -25,7 +25,7 @@ from tiered.cluster.sub_feed import FeedBatch, FeedTable
 from tiered.ids import DEFAULT_BUCKET
 from tiered.streams.state import StreamState
 from tiered.subscriptions.config import parse_config
-from tiered.subscriptions.records import SigningKeyAdded, StreamGone, StreamsLinked, WakeIssued
+from tiered.subscriptions.records import LinksSkipped, SigningKeyAdded, StreamGone, StreamsLinked, WakeIssued
 from tiered.subscriptions.state import CombinedStreams, StateStreams, SubscriptionState
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
@@ -216,3 +216,75 @@ def test_remote_streams_link_wake_and_unlink_through_the_unchanged_state_machine
     gone = feed(_batch(3, [], ("events/old",)))
     assert [type(r) for r in gone] == [StreamGone] and "events/old" not in sub.links
     assert feed(_batch(3, [("__ds/x", 9, 1)])) == []  # reserved paths never link
+
+
+def test_retention_reported_by_another_shard_moves_links_past_it() -> None:
+    """A shard reports a stream's first and retained offsets; a link retention passed moves (issue 18, defect 9)."""
+    t0 = 1_700_000_000_000
+    subs = SubscriptionState()
+    state = StreamState([subs])
+    table = FeedTable()
+
+    def view() -> CombinedStreams:
+        return CombinedStreams(StateStreams(state, t0), table)
+
+    def feed(batch: Any) -> tuple[list[tuple[str, str]], list[Any]]:
+        changes, out = table.apply(batch), []
+        for kind, path in changes:
+            for record in subs.on_remote_stream(kind, path, view(), t0):
+                state.apply(record, None)
+                out.append(record)
+        return changes, out
+
+    def batch(tail: int, retained: list[tuple[str, int, int]]) -> FeedBatch:
+        return FeedBatch(4, None, False, [("events/r", 7, tail)], [], retained)
+
+    state.apply(SigningKeyAdded("ds_k", b"p" * 32, b"s" * 32, b"t" * 32, t0), None)
+    feed(batch(3, []))
+    assert table.retained("events/r") == (0, 0) and table.retained("events/none") is None
+    cfg = parse_config({"type": "pull-wake", "streams": ["events/r"], "wake_stream": "w"})
+    for record in subs.decide_create("s", cfg, "http://x", view(), t0)[0]:
+        state.apply(record, None)
+    feed(batch(9, []))  # appended: a wake
+    changes, records = feed(batch(9, [("events/r", 0, 6)]))
+    assert changes == [("retained", "events/r")]
+    assert [type(r) for r in records] == [LinksSkipped]
+    assert [(s.path, s.acked, s.start, s.end) for s in records[0].skips] == [("events/r", 3, 3, 6)]
+    link = subs.get("s").links["events/r"]
+    assert (link.acked, link.skipped) == (6, (3, 6))
+    # A report that is not newer changes nothing; a sender without the field reports no retention.
+    assert feed(batch(9, [("events/r", 0, 5)])) == ([], [])
+    assert feed(FeedBatch(4, None, False, [("events/r", 7, 9)], [])) == ([], [])
+
+
+def test_the_feed_reports_a_write_again_once_it_is_durable() -> None:
+    """A post built before a write is durable carries the old visible tail: the durable write marks it again.
+
+    fb04ba4: nothing did, so a stream created empty and then appended to in another shard was reported at
+    tail 0 and its append never (no wake until the stream's next change: a silent stall).
+    """
+    from types import SimpleNamespace
+
+    from tiered.cluster.sub_feed import FeedObserver
+    from tiered.streams.model import AppendRequest, CreateRequest
+
+    state = StreamState([])
+    marked: list[str | None] = []
+    observer = FeedObserver(SimpleNamespace(state=state), marked.append)  # type: ignore[arg-type]
+    t0 = 1_700_000_000_000
+    created, _ = state.decide_create(
+        DEFAULT_BUCKET, "events/a", CreateRequest("text/plain", None, None, None, False, b""), t0
+    )
+    for record in created:
+        assert observer.on_durable(record) is None  # created empty: its creation report is exact
+        state.apply(record, None)
+    appended = state.decide_append(DEFAULT_BUCKET, "events/a", AppendRequest("text/plain", b"abc", False), t0)
+    callback = observer.on_durable(appended)
+    state.apply(appended, (1, 0))
+    assert callback is not None and marked == []
+    callback()
+    assert marked == ["events/a"]
+    reserved, _ = state.decide_create(
+        DEFAULT_BUCKET, "__ds/x", CreateRequest("text/plain", None, None, None, False, b"x"), t0
+    )
+    assert observer.on_durable(reserved[0]) is None  # reserved paths are never reported

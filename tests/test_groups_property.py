@@ -13,6 +13,12 @@ previous holder let go, balance within one, the fewest moves, the revision
 rising by exactly one per plan, fences rising per stream, cursors monotonic,
 within the tail and surviving restarts and rebalances, and stale calls
 refused with the state unchanged.
+
+Retention advances streams' retained offsets too (issue 18, defect 9): every
+cursor it passes is moved to the retained offset by a journaled skip naming
+exactly the range between them, the range stays visible to members until a
+commit moves the cursor, and after a sweep no cursor of a group's stream is
+left behind its retained offset (no member is ever sent to read released data).
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ from tiered.errors import TieredError
 from tiered.errors import TieredError as StreamError
 from tiered.globs import glob_match
 from tiered.groups import views
-from tiered.groups.records import GroupCommitted, GroupCreated, GroupDeleted, GroupPlanned
+from tiered.groups.records import (
+    GroupCommitted,
+    GroupCreated,
+    GroupCursorsSkipped,
+    GroupDeleted,
+    GroupPlanned,
+)
 from tiered.groups.state import (
     CommitRequest,
     GroupSpec,
@@ -39,7 +51,7 @@ from tiered.groups.state import (
     live_stream,
 )
 from tiered.hot.log import LogPosition
-from tiered.ids import DEFAULT_BUCKET, parse_offset
+from tiered.ids import DEFAULT_BUCKET, format_offset, parse_offset
 from tiered.journal.codec import decode_record, encode_record
 from tiered.journal.snapshot import decode_snapshot, encode_snapshot
 from tiered.streams.model import AppendRequest, CreateRequest
@@ -56,6 +68,11 @@ SPEC = GroupSpec(pattern="a/*", streams=("c",), session_timeout_ms=TIMEOUT, max_
 
 def new_state() -> StreamState:
     return StreamState([GroupsState()])
+
+
+def skipped_to(records: list) -> dict[int, int]:
+    """Where the skips among ``records`` move cursors (stream uid -> retained offset)."""
+    return {s.stream_uid: s.end for r in records if isinstance(r, GroupCursorsSkipped) for s in r.skips}
 
 
 @dataclass
@@ -87,6 +104,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.cursor_floor: dict[tuple[int, int], int] = {}  # (incarnation, uid) -> highest cursor seen
         self.fence_floor: dict[tuple[int, int], int] = {}
         self.released_now: set[tuple[str, int]] = set()
+        self.skipped_total = 0
 
     # ------------------------------------------------------------------ plumbing
 
@@ -106,6 +124,8 @@ class GroupMachine(RuleBasedStateMachine):
                 loc = (1, self.next_loc)
                 self.next_loc += len(r.data) + 1
             before = self._plan_view(r.name) if isinstance(r, GroupPlanned) else None
+            if isinstance(r, GroupCursorsSkipped):
+                self._check_skip(r)
             self.state.apply(r, loc)
             self.journal.append((body, loc))
             if isinstance(r, GroupPlanned):
@@ -118,6 +138,17 @@ class GroupMachine(RuleBasedStateMachine):
             elif isinstance(r, GroupCommitted):
                 event("cursor committed")
         self.released_now = set()
+
+    def _check_skip(self, r: GroupCursorsSkipped) -> None:
+        """A skip names exactly the range from the cursor to the retained offset, and moves the cursor there."""
+        g = self.groups.groups[r.name]
+        assert r.incarnation == g.incarnation and r.skips
+        for skip in r.skips:
+            s = self.state.streams[skip.stream_uid]
+            assert skip.stream_uid in g.targets and skip.path == g.targets[skip.stream_uid].path
+            assert g.cursors.get(skip.stream_uid, 0) == skip.start < skip.end == s.retained_from
+            self.skipped_total += skip.end - skip.start
+        event("retention passed a cursor")
 
     def _plan_view(self, name: str):
         g = self.groups.groups.get(name)
@@ -273,7 +304,10 @@ class GroupMachine(RuleBasedStateMachine):
             return
         self.commit(records)
         g = self.group()
-        assert g is not None and g.revision == 0 and not g.cursors and not g.members
+        assert g is not None and g.revision == 0 and not g.members
+        # Every stream selected at creation is the group's from its retained offset on.
+        selected, _ = self.groups.select(g, self.state, self.now)
+        assert g.cursors == {uid: self.state.streams[uid].retained_from for uid, _ in selected}
 
     @precondition(lambda self: self.group() is not None)
     @rule(use_revision=st.booleans(), go=st.integers(0, 3))
@@ -343,14 +377,34 @@ class GroupMachine(RuleBasedStateMachine):
             )
         self.forget_departed()
 
+    @rule(path=st.sampled_from(PATHS), fraction=st.sampled_from([0.3, 0.7, 1.0]), follow=st.booleans())
+    def retain(self, path: str, fraction: float, follow: bool) -> None:
+        """Retention advances; the server moves passed cursors at once (``follow``) or at the next sweep."""
+        s = self.state.find(B, path)
+        if s is None or live_stream(self.state, s.uid, self.now) is None:
+            return
+        offset = s.retained_from + int((s.tail - s.retained_from) * fraction)
+        records = self.state.decide_retain(B, path, offset, self.now)
+        self.commit(records)
+        if follow:
+            self.commit(self.groups.decide_skips(self.state, self.now))
+            assert self.groups.decide_skips(self.state, self.now) == []
+
     @precondition(lambda self: self.group() is not None)
     @rule()
     def sweep(self) -> None:
         records = self.groups.decide_sweep(self.state, self.now)
-        assert len(records) <= 1
+        assert sum(isinstance(r, GroupPlanned) for r in records) <= 1
+        assert sum(isinstance(r, GroupCursorsSkipped) for r in records) <= 1
         self.commit(records)
         self.forget_departed()
         assert self.groups.decide_sweep(self.state, self.now) == []  # a plan is a fixed point
+        # After a sweep no stream of the group is left behind its retained offset.
+        g = self.group()
+        for uid in g.targets:
+            s = live_stream(self.state, uid, self.now)
+            if s is not None:
+                assert g.cursors.get(uid, 0) >= s.retained_from
 
     @rule(ms=st.sampled_from([100, 1_000, 2_600, 6_000]))
     def tick(self, ms: int) -> None:
@@ -522,7 +576,8 @@ class GroupMachine(RuleBasedStateMachine):
         assert [r.code for r in rejected] in expected
         assert not any(isinstance(r, GroupCommitted) for r in records)
         self.commit(records)
-        assert self.group().cursors.get(t.stream_uid, 0) == before
+        # Unchanged, unless retention had passed it: then moved to the retained offset, as a skip.
+        assert self.group().cursors.get(t.stream_uid, 0) == skipped_to(records).get(t.stream_uid, before)
         self.forget_departed()
 
     @precondition(lambda self: self.old_fences)
@@ -553,7 +608,8 @@ class GroupMachine(RuleBasedStateMachine):
         assert [r.code for r in rejected] == ["FENCED"]
         assert not any(isinstance(r, GroupCommitted) for r in records)
         self.commit(records)
-        assert self.group().cursors == {k: v for k, v in before.items() if k in self.group().cursors}
+        expected = {**before, **skipped_to(records)}
+        assert self.group().cursors == {k: v for k, v in expected.items() if k in self.group().cursors}
 
     @precondition(lambda self: self.stale_creds)
     @rule(data=st.data())
@@ -668,7 +724,9 @@ class GroupMachine(RuleBasedStateMachine):
         group_bodies = [(i, b) for i, (b, _) in enumerate(self.journal)]
         i, body = data.draw(st.sampled_from(group_bodies))
         record = decode_record(body)
-        if not isinstance(record, GroupCreated | GroupPlanned | GroupCommitted | GroupDeleted):
+        if not isinstance(
+            record, GroupCreated | GroupPlanned | GroupCommitted | GroupCursorsSkipped | GroupDeleted
+        ):
             return
         digest = self.groups.digest()
         self.groups.apply(record)
@@ -734,14 +792,32 @@ class GroupMachine(RuleBasedStateMachine):
                     assert max(counts) - min(counts) <= 1, counts
 
     @invariant()
+    def skipped_ranges_are_shown_until_a_commit(self) -> None:
+        """A pending skip ends where the cursor is; members holding the stream are shown it."""
+        for g in self.groups.groups.values():
+            for uid, (start, end) in g.skipped.items():
+                assert start < end == g.cursors[uid], (uid, start, end, g.cursors.get(uid))
+
+    @invariant()
     def member_views_agree(self) -> None:
-        """What members are told: each stream active for at most one member."""
+        """What members are told: each stream active for at most one member, with its pending skip."""
         g = self.group()
         if g is None:
             return
         active: Counter[str] = Counter()
+        by_path = g.targets_by_path()
         for member in g.members:
             for a in views.member_view(self.groups, G, member)["assignments"]:
+                gap = g.skipped.get(by_path[a["stream"]].stream_uid)
+                assert a.get("skipped") == (
+                    None
+                    if gap is None
+                    else {
+                        "from": format_offset(gap[0]),
+                        "to": format_offset(gap[1]),
+                        "bytes": gap[1] - gap[0],
+                    }
+                )
                 active[a["stream"]] += 1
                 self.old_fences.append(
                     (member, g.incarnation, g.members[member].generation, a["stream"], a["fence"])

@@ -5,7 +5,9 @@ object store; no background jobs, a virtual clock): streams created, appended,
 forked and deleted in several buckets; cold copies and hot trims; retention
 policies and GC passes (with reconciliation); bucket erasure; pull-wake
 subscriptions (created, woken, claimed, acked); consumer groups (created,
-joined, heartbeats with commits, left). After each history the state's
+joined, heartbeats with commits, left, swept); retention advanced past
+group cursors and subscription acked offsets (their skips journaled as
+follow-ups, at sweeps, joins, heartbeats and claims). After each history the state's
 fingerprint (every field of every object, extensions included) must be equal:
 
 * live, and after an in-memory snapshot round trip;
@@ -76,6 +78,8 @@ op = st.one_of(
     st.tuples(st.just("join"), st.sampled_from(["m1", "m2"])),
     st.tuples(st.just("heartbeat"), st.sampled_from(["m1", "m2"])),
     st.tuples(st.just("leave"), st.sampled_from(["m1", "m2"])),
+    st.tuples(st.just("retain"), st.sampled_from(PATHS), st.sampled_from([0.5, 1.0])),
+    st.tuples(st.just("sweep")),
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("token"), st.sampled_from(BUCKETS), st.sampled_from(["read", "write", "admin"])),
     st.tuples(st.just("revoke"), st.integers(0, 3)),
@@ -155,6 +159,11 @@ async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
             await node.groups.heartbeat("g1", o[1], g.incarnation, m.generation, commits, [], None, 0, None)
         else:
             await node.groups.leave("g1", o[1], g.incarnation, m.generation, commits)
+    elif kind == "retain":
+        s = streams.lookup("default", o[1])
+        await streams.retain_from("default", o[1], s.retained_from + int((s.tail - s.retained_from) * o[2]))
+    elif kind == "sweep":
+        await node.groups.sweep()
     elif kind == "snapshot":
         await node.journal.snapshot(node.state)
     elif kind == "token":
@@ -273,6 +282,13 @@ def test_a_fixed_history_touching_every_feature() -> None:
         ("claim-ack",),
         ("heartbeat", "m1"),
         ("heartbeat", "m2"),
+        ("append", "default", "jobs/a", b"w" * 300),
+        ("append", "default", "jobs/b", b"v" * 300),
+        ("retain", "jobs/a", 0.5),  # past the groups' cursors and the subscription's acked offsets
+        ("sweep",),
+        ("claim-ack",),
+        ("retain", "jobs/b", 1.0),
+        ("heartbeat", "m1"),
         ("advance", 5_000),
         ("erase",),
         ("append", "default", "jobs/b", b"y" * 900),

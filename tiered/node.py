@@ -38,7 +38,7 @@ from .auth.service import AuthService
 from .auth.state import AuthState
 from .clock import Clock, SystemClock
 from .config import Config
-from .groups.service import GroupService
+from .groups.service import GroupService, RetentionFollower
 from .groups.state import GroupsState
 from .journal.committer import Committer
 from .journal.journal import Journal
@@ -240,7 +240,8 @@ class Node:
         subs_state = state.extensions["subscriptions"]
         groups_state = state.extensions["groups"]
         assert isinstance(subs_state, SubscriptionState) and isinstance(groups_state, GroupsState)
-        self.committer.observers.append(StreamEvents(state, subs_state))
+        stream_events = StreamEvents(state, subs_state, follow_retention=not self.offline)
+        self.committer.observers.append(stream_events)
         self.cold_reader = ColdReader(store, c.read_cache_bytes)
         self.reader = StreamReader(
             state, self.log, self.cold_reader, self.store_health, cold_read_timeout_s=c.cold_read_timeout_s
@@ -301,8 +302,10 @@ class Node:
             allow_loopback=c.webhook_allow_loopback,
             public_url=c.public_url,
         )
+        stream_events.report = self.subscriptions.report_skips
         self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
         self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
+        self.committer.observers.append(RetentionFollower(self.groups, follow=not self.offline))
         self._compose_tenants()
         self.metrics.watch(self)
         self._composed = True

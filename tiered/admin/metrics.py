@@ -290,6 +290,28 @@ class NodeCollector:
             "When the last GC pass finished (Unix seconds; 0: none yet)",
             t.last_pass_ms / 1000,
         )
+        groups = node.groups
+        yield counter(
+            "tiered_group_skipped_bytes",
+            "Bytes consumer groups never processed because retention released them first (cursors moved past)",
+            groups.skipped_bytes,
+        )
+        yield counter(
+            "tiered_group_skipped_ranges",
+            "Times retention moved a consumer group's cursor past data it had not committed",
+            groups.skipped_ranges,
+        )
+        subscriptions = node.subscriptions
+        yield counter(
+            "tiered_subscription_skipped_bytes",
+            "Bytes subscription links never had acked because retention released them first (acked offsets moved past)",
+            subscriptions.skipped_bytes,
+        )
+        yield counter(
+            "tiered_subscription_skipped_ranges",
+            "Times retention moved a subscription link's acked offset past data it had not acked",
+            subscriptions.skipped_ranges,
+        )
         yield from bucket_metric_families(
             state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
         )

@@ -2,8 +2,9 @@
 
 A group lives in the shard of ``(default, "__groups/<name>")``; its streams
 may be in any shard. The coordinator's decisions (``tiered/groups/state.py``)
-read three things of the streams: which buckets exist, which ``(bucket, path)``
-names a live stream (and its uid), and each stream's tail. In cluster mode
+read four things of the streams: which buckets exist, which ``(bucket, path)``
+names a live stream (and its uid), each stream's tail, and its retained offset
+(a cursor behind it moves there, reported as skipped). In cluster mode
 the group's engine decides on a **view**: its own shard's streams plus the
 live streams of the group's bucket in every other shard, as their engines
 list them (``listing``), each under a cluster-wide uid
@@ -54,8 +55,8 @@ __all__ = [
 MAX_AGE_S = 0.5
 _UID_BITS = 40
 
-#: One shard's live streams of one bucket: (path, uid in that shard, visible tail).
-Listing = list[tuple[str, int, int]]
+#: One shard's live streams of one bucket: (path, uid in that shard, visible tail, retained offset).
+Listing = list[tuple[str, int, int, int]]
 
 
 def global_uid(shard: int, uid: int) -> int:
@@ -74,13 +75,19 @@ def listing(state: StreamState, tail: Callable[[Stream], int], bucket: str, now_
         s = state.streams.get(uid)
         if s is None or s.soft_deleted or s.expired(now_ms):
             continue
-        out.append((path, uid, tail(s)))
+        out.append((path, uid, tail(s), s.retained_from))
     return sorted(out)
 
 
-def remote_stream(shard: int, bucket: str, path: str, uid: int, tail: int) -> Stream:
-    """A stand-in for a stream of another shard: what the group coordinator reads of it (name, uid, tail)."""
-    return Stream(global_uid(shard, uid), bucket, path, "", None, None, None, 0, None, 0, None, tail)
+def remote_stream(shard: int, bucket: str, path: str, uid: int, tail: int, retained: int = 0) -> Stream:
+    """A stand-in for a stream of another shard: what the group coordinator reads of it (name, uid, tail, retained).
+
+    Its creation time is unknown (0): a stream of another shard new to a group
+    starts at its retained offset as the group first sees it.
+    """
+    s = Stream(global_uid(shard, uid), bucket, path, "", None, None, None, 0, None, 0, None, tail)
+    s.retained_from = retained
+    return s
 
 
 class ClusterStreams:
@@ -96,8 +103,8 @@ class ClusterStreams:
         streams: dict[int, Stream] = {}
         for shard, by_bucket in remote.items():
             for bucket, rows in by_bucket.items():
-                for path, uid, tail in rows:
-                    s = remote_stream(shard, bucket, path, uid, tail)
+                for path, uid, tail, retained in rows:
+                    s = remote_stream(shard, bucket, path, uid, tail, retained)
                     paths[(bucket, path)] = s.uid
                     streams[s.uid] = s
         self.paths: ChainMap[tuple[str, str], int] = ChainMap(local.paths, paths)

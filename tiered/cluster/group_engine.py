@@ -50,7 +50,19 @@ def streams_path(shard: int) -> str:
 class _Listed(msgspec.Struct):
     shard: int
     bucket: str
-    streams: list[tuple[str, int, int]]
+    streams: list[tuple[str, int, int]]  # (path, uid, visible tail)
+    # path -> retained offset, for the streams whose retained offset is past 0. With a default:
+    # a node without it still answers (its streams then look unretained until it is upgraded).
+    retained: dict[str, int] = {}
+
+
+def _to_wire(shard: int, bucket: str, rows: Listing) -> _Listed:
+    streams = [(path, uid, tail) for path, uid, tail, _ in rows]
+    return _Listed(shard, bucket, streams, {path: r for path, _, _, r in rows if r > 0})
+
+
+def _from_wire(listed: _Listed) -> Listing:
+    return [(path, uid, tail, listed.retained.get(path, 0)) for path, uid, tail in listed.streams]
 
 
 class ClusterEngine(Node):
@@ -104,7 +116,7 @@ async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
     listed = msgspec.json.decode(response.body, type=_Listed)
     if listed.shard != shard or listed.bucket != bucket:
         raise TieredError(ErrorCode.SHARD_NOT_OWNED, f"shard {shard}: a listing of another shard came back")
-    return listed.streams
+    return _from_wire(listed)
 
 
 async def serve_streams(cluster: ClusterServer, request: Request) -> Response:
@@ -125,5 +137,5 @@ async def serve_streams(cluster: ClusterServer, request: Request) -> Response:
         raise TieredError(
             ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1
         )
-    body = _Listed(shard, bucket, engine_listing(engine, bucket))
+    body = _to_wire(shard, bucket, engine_listing(engine, bucket))
     return json_response(msgspec.to_builtins(body), headers={"Cache-Control": "no-store"})

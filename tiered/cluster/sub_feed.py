@@ -8,9 +8,11 @@ as they are:
 
 * **Sender** (``FeedSender``, one per served shard other than the
   subscriptions' shard): a commit observer marks the default bucket's paths
-  whose streams changed (created, appended, deleted, expired); a loop posts
-  them, coalesced, with each one's uid and *visible* (acknowledged) tail, or
-  as gone, to ``POST /v1/stream/__ds/_cluster/feed``, which shard routing
+  whose streams changed (created, appended, retained, deleted, expired); a
+  loop posts them, coalesced, with each one's uid and *visible*
+  (acknowledged) tail, its first and retained offsets when retention moved
+  them from 0 (``retained``), or as gone, to
+  ``POST /v1/stream/__ds/_cluster/feed``, which shard routing
   sends to the subscriptions' shard like any request. The first post after
   the sender starts, and after the receiver says it is a new instance (its
   node restarted or the shard moved), is a full snapshot of the shard's
@@ -59,8 +61,15 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.http.types import Request, Response, json_response
 from tiered.ids import DEFAULT_BUCKET
 from tiered.node import Node
-from tiered.streams.records import Appended, BucketErased, StreamCreated, StreamDeleted, StreamExpired
-from tiered.subscriptions.state import is_reserved
+from tiered.streams.records import (
+    Appended,
+    BucketErased,
+    RetentionAdvanced,
+    StreamCreated,
+    StreamDeleted,
+    StreamExpired,
+)
+from tiered.subscriptions.state import is_reserved, retained_of
 
 from .routing import SUBSCRIPTIONS_KEY
 from .secret import SIGNATURE_HEADER, target_of
@@ -101,6 +110,9 @@ class FeedBatch(msgspec.Struct, frozen=True):
     full: bool  # every stream of the shard (paths not in it are gone)
     streams: list[tuple[str, int, int]]  # (path, uid, visible tail)
     gone: list[str]
+    # (path, first offset, retained offset) of the streams above whose retained offset is past 0
+    # (``StreamsView.retained``; others: (0, 0)). With a default: a sender without it still posts.
+    retained: list[tuple[str, int, int]] = []
 
 
 class FeedAnswer(msgspec.Struct, frozen=True):
@@ -121,6 +133,7 @@ class FeedTable:
     def __init__(self) -> None:
         self.instance = secrets.token_hex(8)
         self.entries: dict[str, tuple[int, int, int]] = {}  # path -> (shard, uid, tail)
+        self.retention: dict[str, tuple[int, int]] = {}  # path -> (first, retained) when not (0, 0)
 
     def tail(self, path: str) -> int | None:
         entry = self.entries.get(path)
@@ -129,8 +142,13 @@ class FeedTable:
     def paths(self) -> Iterable[str]:
         return list(self.entries)
 
+    def retained(self, path: str) -> tuple[int, int] | None:
+        if path not in self.entries:
+            return None
+        return self.retention.get(path, (0, 0))
+
     def apply(self, batch: FeedBatch) -> list[tuple[str, str]]:
-        """Take a batch in; the changes as ``(kind, path)``: ``created``, ``appended``, ``gone``."""
+        """Take a batch in; the changes as ``(kind, path)``: ``created``, ``appended``, ``retained``, ``gone``."""
         changes: list[tuple[str, str]] = []
         gone = list(batch.gone)
         if batch.full:
@@ -140,17 +158,27 @@ class FeedTable:
             entry = self.entries.get(path)
             if entry is not None and entry[0] == batch.shard:
                 del self.entries[path]
+                self.retention.pop(path, None)
                 changes.append(("gone", path))
+        retention = {path: (first, retained) for path, first, retained in batch.retained}
         for path, uid, tail in batch.streams:
             entry = self.entries.get(path)
+            kept = retention.get(path, (0, 0))
             if entry is not None and entry[1] == uid:
                 if tail > entry[2]:  # tails only grow: an older report arriving late changes nothing
                     self.entries[path] = (batch.shard, uid, tail)
                     changes.append(("appended", path))
+                if kept[1] > self.retention.get(path, (0, 0))[1]:  # retained offsets only grow, too
+                    self.retention[path] = kept
+                    changes.append(("retained", path))
                 continue
             if entry is not None:
                 changes.append(("gone", path))  # deleted and created again
             self.entries[path] = (batch.shard, uid, tail)
+            if kept != (0, 0):
+                self.retention[path] = kept
+            else:
+                self.retention.pop(path, None)
             changes.append(("created", path))
         return changes
 
@@ -193,6 +221,11 @@ class FeedObserver:
         if isinstance(record, StreamCreated):
             if record.bucket == DEFAULT_BUCKET and _watched(record.path):
                 self.mark(record.path)
+        elif isinstance(record, RetentionAdvanced):  # retained offsets moved: links may have to follow
+            for uid, _ in record.advances:
+                s = self.state.streams.get(uid)
+                if s is not None and s.bucket == DEFAULT_BUCKET and _watched(s.path):
+                    self.mark(s.path)
         elif isinstance(token, tuple):
             bucket, path = token
             # A removal may cascade to soft-deleted sources, which were reported gone when soft-deleted.
@@ -202,8 +235,24 @@ class FeedObserver:
             self.mark(None)
         return ()
 
-    def on_durable(self, record: Any) -> None:
-        return None
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        """Mark an appended (or created) path again once durable: its *visible* tail moved only now.
+
+        A post built between the apply and durability reports the tail readers
+        saw before the write; without this mark the new tail would wait for
+        the stream's next change, and so would the wakes it owes.
+        """
+        path: str | None = None
+        if isinstance(record, Appended):
+            s = self.state.streams.get(record.uid)
+            if s is not None and s.bucket == DEFAULT_BUCKET:
+                path = s.path
+        elif isinstance(record, StreamCreated) and record.bucket == DEFAULT_BUCKET and record.data:
+            path = record.path
+        if path is None or not _watched(path):
+            return None
+        mark, marked = self.mark, path
+        return lambda: mark(marked)
 
 
 class FeedSender:
@@ -288,6 +337,7 @@ class FeedSender:
         if full:
             dirty = {p for (b, p) in state.paths if b == DEFAULT_BUCKET and _watched(p)}
         streams: list[tuple[str, int, int]] = []
+        retained: list[tuple[str, int, int]] = []
         gone: list[str] = []
         for path in sorted(dirty):
             s = state.find(DEFAULT_BUCKET, path)
@@ -295,7 +345,9 @@ class FeedSender:
                 gone.append(path)
             else:
                 streams.append((path, s.uid, self.engine.streams.view(s).tail))
-        return FeedBatch(self.shard, self.instance, full, streams, gone), dirty, full
+                if s.retained_from > 0:
+                    retained.append((path, *retained_of(s)))
+        return FeedBatch(self.shard, self.instance, full, streams, gone, retained), dirty, full
 
     async def _post(self) -> bool:
         """One post; True when a full snapshot must follow at once (a new receiver)."""

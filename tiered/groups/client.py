@@ -14,6 +14,12 @@ What it does for you:
   releases with them and applying the returned assignment;
 * reads every active stream from its committed cursor (catch-up reads, then
   ``live=long-poll``) and hands out ``Batch`` es one at a time;
+* when retention released data before it was processed (a read answered 410
+  with the retained offset in ``Stream-Next-Offset``, or an assignment whose
+  cursor the server moved, with a ``skipped`` range), logs a warning,
+  continues from the retained offset and sets ``Batch.skipped`` on the next
+  batch of that stream (an empty batch if the stream closed right there), so
+  the application learns what it will never see;
 * on revocation stops reading the stream and releases it once the batch in
   your hands (if it is from that stream) is finished, with its commit;
 * on a stream-level fence (another instance now holds it) forgets the stream
@@ -72,8 +78,27 @@ class GroupNotFound(GroupClientError):
 
 
 @dataclass(frozen=True, slots=True)
+class Skipped:
+    """Bytes ``[from_offset, to_offset)`` of ``stream`` that retention released before they were processed.
+
+    ``bytes`` is the server's count when it reported the range with the
+    assignment; None when this client met the gap itself (a 410 on a read:
+    offsets are opaque to clients, so it does not count them).
+    """
+
+    stream: str
+    from_offset: str
+    to_offset: str
+    bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
-    """Bytes ``[offset, next_offset)`` of one stream; commit ``next_offset`` once processed."""
+    """Bytes ``[offset, next_offset)`` of one stream; commit ``next_offset`` once processed.
+
+    ``skipped`` is set on the first batch after a gap: data just before
+    ``offset`` that retention released before anyone processed it.
+    """
 
     stream: str
     offset: str
@@ -81,6 +106,7 @@ class Batch:
     data: bytes
     fence: int
     content_type: str
+    skipped: Skipped | None = None
 
     def json(self) -> list[Any]:
         """The messages of a JSON stream (the server sends them as one array)."""
@@ -198,7 +224,10 @@ class GroupConsumer:
             if item is None:
                 continue
             slot = self._streams.get(item.stream)
-            if slot is None or slot.fence != item.fence or slot.revoked or item.offset != slot.position:
+            follows = item.offset == slot.position if slot is not None else False
+            if slot is not None and item.skipped is not None:
+                follows = follows or item.skipped.from_offset == slot.position  # right after a gap
+            if slot is None or slot.fence != item.fence or slot.revoked or not follows:
                 continue  # from a reader of an earlier activation: stale
             slot.position = item.next_offset
             self._in_hand = item
@@ -357,17 +386,23 @@ class GroupConsumer:
                 }
                 last_sent = loop.time()
                 request = asyncio.ensure_future(self._post("heartbeat", body, timeout=wait_ms / 1000 + 10))
-                if not pending:
-                    # A long-poll carries nothing: abandon it as soon as there is something to send.
-                    kicked = asyncio.ensure_future(self._kick.wait())
-                    done, _ = await asyncio.wait({request, kicked}, return_when=asyncio.FIRST_COMPLETED)
-                    if request not in done:
+                kicked: asyncio.Future[Any] | None = None
+                try:
+                    if not pending:
+                        # A long-poll carries nothing: abandon it as soon as there is something to send.
+                        kicked = asyncio.ensure_future(self._kick.wait())
+                        done, _ = await asyncio.wait({request, kicked}, return_when=asyncio.FIRST_COMPLETED)
+                        if request not in done:
+                            request.cancel()
+                            with contextlib.suppress(asyncio.CancelledError, *_NETWORK_ERRORS):
+                                await request
+                            continue
+                    status, resp = await request
+                finally:
+                    if kicked is not None:
+                        kicked.cancel()
+                    if not request.done():  # closing: the heartbeat in flight dies with the loop, not later
                         request.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, *_NETWORK_ERRORS):
-                            await request
-                        continue
-                    kicked.cancel()
-                status, resp = await request
             except _NETWORK_ERRORS:
                 attempt += 1
                 await self._backoff(attempt)
@@ -454,7 +489,9 @@ class GroupConsumer:
             elif current is None:
                 fresh = _Slot(fence=a["fence"], position=a["cursor"])
                 self._streams[stream] = fresh
-                fresh.reader = asyncio.create_task(self._read_loop(stream, fresh.fence, a["cursor"]))
+                gap = a.get("skipped")  # the server moved the cursor past released data: tell the application
+                skipped = Skipped(stream, gap["from"], gap["to"], gap.get("bytes")) if gap else None
+                fresh.reader = asyncio.create_task(self._read_loop(stream, fresh.fence, a["cursor"], skipped))
             elif current.revoked:  # given back to us before we released it: carry on where we were
                 current.revoked = False
                 current.reader = asyncio.create_task(self._read_loop(stream, current.fence, current.position))
@@ -486,11 +523,15 @@ class GroupConsumer:
             return URL(f"{self.base_url}/v1/stream/{path}?{query}", encoded=True)
         return URL(f"{self.base_url}/v1/buckets/{self.bucket}/stream/{path}?{query}", encoded=True)
 
-    async def _read_loop(self, stream: str, fence: int, offset: str) -> None:
-        """Catch up from the cursor, then long-poll; queue one batch per response."""
+    async def _read_loop(self, stream: str, fence: int, offset: str, skipped: Skipped | None = None) -> None:
+        """Catch up from the cursor, then long-poll; queue one batch per response.
+
+        ``skipped``: a gap just before ``offset`` to hand out with the next batch.
+        """
         assert self._session is not None
         live = False
         attempt = 0
+        gap = skipped
         while True:
             query = f"offset={offset}" + ("&live=long-poll" if live else "")
             try:
@@ -508,15 +549,34 @@ class GroupConsumer:
                 attempt = 0
                 nxt = headers.get("Stream-Next-Offset", offset)
                 up_to_date = headers.get("Stream-Up-To-Date") == "true"
+                closed = up_to_date and headers.get("Stream-Closed") == "true"
+                ct = headers.get("Content-Type", "application/octet-stream")
                 if status == 200 and nxt != offset:
-                    ct = headers.get("Content-Type", "application/octet-stream")
-                    await self._queue.put(Batch(stream, offset, nxt, data, fence, ct))
+                    await self._queue.put(Batch(stream, offset, nxt, data, fence, ct, gap))
+                    gap = None
+                elif gap is not None and closed:  # no batch will ever follow the gap: it goes out alone
+                    await self._queue.put(Batch(stream, offset, offset, b"", fence, ct, gap))
+                    gap = None
                 offset = nxt
-                if up_to_date and headers.get("Stream-Closed") == "true":
+                if closed:
                     return  # nothing more will ever come
                 live = up_to_date
+            elif status == 410 and headers.get("Stream-Next-Offset", "") > offset:
+                # Retention released data from ``offset`` on: continue at the retained offset, reporting the gap.
+                retained = headers["Stream-Next-Offset"]
+                log.warning(
+                    "%s: group %r: data of stream %r from %s to %s is no longer retained; continuing from "
+                    "the retained offset (the next batch reports the skipped range)",
+                    self.member,
+                    self.group,
+                    stream,
+                    offset,
+                    retained,
+                )
+                gap = Skipped(stream, gap.from_offset if gap is not None else offset, retained, None)
+                offset, live, attempt = retained, False, 0
             elif status in (404, 410):
-                return  # the stream is gone; the next plan drops it
+                return  # the stream is gone (deleted: a 410 without a retained offset); the next plan drops it
             else:
                 attempt += 1
                 await self._backoff(attempt)

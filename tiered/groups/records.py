@@ -10,6 +10,13 @@ revision (members, every target stream's owner, holder and fence, the explicit
 stream list): applying it replaces the previous plan wholesale, but only if
 its ``expected_revision`` is the group's current revision (compare-and-set),
 so a replayed or duplicated plan changes nothing.
+
+Retention can release data a group has not committed yet. The coordinator
+then moves the cursor to the stream's retained offset with a
+``GroupCursorsSkipped`` record naming the range, so the move is journaled
+and the skip can be reported (member and group views, a metric, a log line);
+and a stream that joins a group after retention already released its start
+begins at its retained offset (``GroupPlanned.starts``), which is no skip.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ class GroupCreated(_GroupRecord, frozen=True, tag="group.create.v1"):
     max_members: int
     max_streams: int
     ts_ms: int
+    # (stream uid, retained offset) of the streams selected at creation whose retained offset is past 0:
+    # their cursors start there. A trailing field with a default: older records decode without it.
+    starts: tuple[tuple[int, int], ...] = ()
 
 
 class GroupPlanned(_GroupRecord, frozen=True, tag="group.plan.v1"):
@@ -66,6 +76,9 @@ class GroupPlanned(_GroupRecord, frozen=True, tag="group.plan.v1"):
     targets: tuple[PlanTarget, ...]  # sorted by stream uid
     retired_joins: tuple[str, ...]  # join identities fenced by this plan
     dropped_cursors: tuple[int, ...]  # stream uids that no longer exist
+    # (stream uid, offset) of streams new to the group whose cursor starts past 0 (``state.start_of``).
+    # A trailing field with a default: older records decode without it.
+    starts: tuple[tuple[int, int], ...] = ()
 
 
 class GroupCommitted(_GroupRecord, frozen=True, tag="group.commit.v1"):
@@ -77,6 +90,28 @@ class GroupCommitted(_GroupRecord, frozen=True, tag="group.commit.v1"):
     cursors: tuple[tuple[int, int], ...]
 
 
+class SkippedRange(msgspec.Struct, array_like=True, frozen=True):
+    """Bytes ``[start, end)`` of one stream that retention released before the group committed them."""
+
+    stream_uid: int
+    path: str
+    start: int  # the committed cursor it moved from
+    end: int  # the stream's retained offset: the cursor's new value
+
+
+class GroupCursorsSkipped(_GroupRecord, frozen=True, tag="group.skip.v1"):
+    """Retention passed committed cursors: each moves to its stream's retained offset.
+
+    Applied only where the cursor is still at ``start`` (a commit or another
+    skip in between makes it stale), so a replayed record changes nothing.
+    """
+
+    name: str
+    incarnation: int
+    ts_ms: int
+    skips: tuple[SkippedRange, ...]
+
+
 class GroupDeleted(_GroupRecord, frozen=True, tag="group.delete.v1"):
     """Retire an incarnation: its name is free, its cursors are gone."""
 
@@ -86,5 +121,11 @@ class GroupDeleted(_GroupRecord, frozen=True, tag="group.delete.v1"):
     ts_ms: int
 
 
-GroupRecord = GroupCreated | GroupPlanned | GroupCommitted | GroupDeleted
-GROUP_RECORD_TYPES: tuple[type, ...] = (GroupCreated, GroupPlanned, GroupCommitted, GroupDeleted)
+GroupRecord = GroupCreated | GroupPlanned | GroupCommitted | GroupCursorsSkipped | GroupDeleted
+GROUP_RECORD_TYPES: tuple[type, ...] = (
+    GroupCreated,
+    GroupPlanned,
+    GroupCommitted,
+    GroupCursorsSkipped,
+    GroupDeleted,
+)

@@ -6,24 +6,32 @@ deciding and committing, so the event loop makes them atomic. Views are built
 crash could take back (the wait comes after, before answering).
 
 The sweeper (``sweep_forever``, started by the node) journals what nobody
-asked for: member expiry, and plans that follow streams appearing or
-disappearing (``GroupsState.decide_sweep``).
+asked for: member expiry, cursors retention passed, and plans that follow
+streams appearing or disappearing (``GroupsState.decide_sweep``).
+
+``RetentionFollower`` (a commit observer) moves the cursors a retention
+record passes in the same batch as the record, and reports every such move
+once it is durable: a warning naming the group, stream and range, and the
+``skipped_bytes`` / ``skipped_ranges`` counters ``/metrics`` exposes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from tiered.clock import Clock
 from tiered.errors import ErrorCode, TieredError
+from tiered.ids import format_offset
 from tiered.journal.committer import Committer
+from tiered.streams.records import RetentionAdvanced
 from tiered.streams.state import StreamState
 from tiered.streams.visibility import Visibility
 
 from . import views
+from .records import GroupCursorsSkipped
 from .state import CommitRequest, GroupSpec, GroupsState, Rejected, ReleaseRequest
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,24 @@ class GroupService:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Cluster mode: decisions see every shard's streams of the group's bucket, not only this shard's.
         self.directory: StreamDirectory | None = None
+        #: Lifetime counts of what retention made groups skip (``/metrics``), as journaled by this process.
+        self.skipped_bytes = 0
+        self.skipped_ranges = 0
+
+    def report_skips(self, record: GroupCursorsSkipped, bucket: str) -> None:
+        """A durable cursor move past released data: one warning per range, and the counters."""
+        for r in record.skips:
+            self.skipped_bytes += r.end - r.start
+            self.skipped_ranges += 1
+            log.warning(
+                "group %r: retention passed its cursor on stream %r (bucket %r): moved from %s to %s, %d bytes skipped",
+                record.name,
+                r.path,
+                bucket,
+                format_offset(r.start),
+                format_offset(r.end),
+                r.end - r.start,
+            )
 
     # ------------------------------------------------------------- plumbing
 
@@ -278,3 +304,31 @@ class GroupService:
                 log.warning("group sweep not journaled: %s", exc.message)
             except Exception:
                 log.exception("group sweep failed")
+
+
+class RetentionFollower:
+    """Commit observer: a retention record's follow-up moves the group cursors it passed; moves get reported.
+
+    ``follow=False`` (offline GC passes, which write GC records only) still
+    reports but adds nothing: the server moves those cursors at its next sweep.
+    """
+
+    def __init__(self, service: GroupService, *, follow: bool = True) -> None:
+        self.service = service
+        self.follow = follow
+
+    def before_apply(self, record: Any) -> object:
+        return None
+
+    def after_apply(self, record: Any, token: object) -> Sequence[Any]:
+        groups = self.service.groups
+        if self.follow and isinstance(record, RetentionAdvanced) and groups.groups:
+            return groups.decide_skips(self.service.state, record.ts_ms)
+        return ()
+
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        if not isinstance(record, GroupCursorsSkipped):
+            return None
+        g = self.service.groups.groups.get(record.name)
+        bucket = g.spec.bucket if g is not None else "?"
+        return lambda: self.service.report_skips(record, bucket)

@@ -38,6 +38,9 @@ class _GroupSnap(msgspec.Struct, array_like=True):
     retired_joins: list[str]
     recent_ops: list[tuple[str, int]]
     generation_seq: int
+    # (stream uid, start, end) of cursors retention moved that no commit moved since.
+    # Trailing with a default: snapshots written before it decode without it.
+    skipped: list[tuple[int, int, int]] = []
 
 
 class _GroupsSnap(msgspec.Struct, array_like=True):
@@ -73,6 +76,7 @@ def _snap(self: GroupsState, soft: bool) -> _GroupsSnap:
                 retired_joins=list(g.retired_joins),
                 recent_ops=list(g.recent_ops.items()),
                 generation_seq=g.generation_seq,
+                skipped=[(uid, start, end) for uid, (start, end) in sorted(g.skipped.items())],
             )
         )
     return _GroupsSnap(1, self.next_incarnation, dict(sorted(self.retired.items())), groups)
@@ -104,4 +108,5 @@ def decode_groups(self: GroupsState, data: bytes) -> None:
         g.retired_joins = list(n.retired_joins)
         g.recent_ops = dict(n.recent_ops)
         g.generation_seq = n.generation_seq
+        g.skipped = {uid: (start, end) for uid, start, end in n.skipped}
         self.groups[n.name] = g

@@ -37,6 +37,21 @@ records (or raise ``TieredError`` having changed nothing), and ``apply`` moves
 the state. Member liveness (``last_seen_ms``) is soft state, like a stream's
 sliding TTL: kept in memory and snapshots, refreshed by heartbeats, and
 granted a grace period after a restart (``grant_grace``).
+
+Retention: a committed cursor behind its stream's retained offset points at
+data nobody can read any more. The coordinator moves it to the retained
+offset and records the skipped range (``GroupCursorsSkipped``), wherever it
+looks at the group: when retention is applied (``decide_skips``, called by
+the shell right after a retention record), at joins, heartbeats (after their
+commits), leaves and sweeps. The range stays on the target (``skipped``,
+shown in member and group views) until a commit moves the cursor again, so
+the member that processes the stream next is told what it will never see.
+Where a stream's cursor starts is where the stream became the group's: its
+retained offset when the group is created (``GroupCreated.starts``) or when
+it is linked explicitly; its first byte when it is created later under the
+group's pattern or an explicit path (``GroupPlanned.starts``; a fork, whose
+inherited bytes come from its source, starts at its retained offset). What
+retention released before that was never the group's and is no skip.
 """
 
 from __future__ import annotations
@@ -56,10 +71,12 @@ from .records import (
     GROUP_RECORD_TYPES,
     GroupCommitted,
     GroupCreated,
+    GroupCursorsSkipped,
     GroupDeleted,
     GroupPlanned,
     PlanMember,
     PlanTarget,
+    SkippedRange,
 )
 from .snapshot import decode_groups, encode_groups
 
@@ -192,6 +209,9 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)
     targets: dict[int, Target] = field(default_factory=dict)  # by stream uid
     cursors: dict[int, int] = field(default_factory=dict)  # stream uid -> next offset to process
+    # stream uid -> (start, end): retention moved the cursor from start to end (== the cursor) and no
+    # commit moved it since; members and operators are shown it until then.
+    skipped: dict[int, tuple[int, int]] = field(default_factory=dict)
     retired_joins: list[str] = field(default_factory=list)
     recent_ops: dict[str, int] = field(default_factory=dict)  # op id -> revision it produced
     generation_seq: int = 0
@@ -238,6 +258,21 @@ def live_stream(streams: StreamState, uid: int, now_ms: int) -> Stream | None:
     if s is None or s.soft_deleted or s.expired(now_ms) or streams.paths.get((s.bucket, s.path)) != uid:
         return None
     return s
+
+
+def start_of(g: Group, s: Stream, *, linked_now: bool) -> int:
+    """Where the cursor of a stream new to ``g`` starts: where the stream became the group's.
+
+    A stream created after the group (under its pattern or an explicit path)
+    was the group's from its first byte, so retention that released some of it
+    before the group planned it is a skip; one that existed already, or that
+    was just linked explicitly, became the group's as it is now: at its
+    retained offset. A fork's bytes below its fork point are its source's,
+    readable from the fork's retained offset: it starts there.
+    """
+    if not linked_now and s.fork_source is None and s.created_ms >= g.created_ms:
+        return s.fork_offset  # its first byte
+    return s.retained_from
 
 
 def assign(
@@ -373,6 +408,7 @@ class GroupsState:
         leave: str | None = None,
         releases: Iterable[tuple[str, int]] = (),
         explicit: tuple[str, ...] | None = None,
+        linked_now: frozenset[int] = frozenset(),
     ) -> GroupPlanned | None:
         """The next plan after expiring members and applying one operation, or None if unchanged."""
         members: dict[str, tuple[str, int, int]] = {
@@ -409,8 +445,14 @@ class GroupsState:
         selected, _ = self.select(g, streams, now_ms, new_explicit)
         selected_uids = {uid for uid, _ in selected}
         new_targets: dict[int, Target] = {}
+        starts: list[tuple[int, int]] = []
         for uid, path in selected:
-            t = targets.get(uid) or Target(uid, path, True, None, None, 0, 0)
+            known = targets.get(uid)
+            if known is None and uid not in g.cursors:  # new to the group (no cursor: 0)
+                start = start_of(g, streams.streams[uid], linked_now=uid in linked_now)
+                if start > 0:
+                    starts.append((uid, start))
+            t = known or Target(uid, path, True, None, None, 0, 0)
             t.linked = True
             new_targets[uid] = t
         for uid, t in targets.items():
@@ -460,7 +502,45 @@ class GroupsState:
             targets=plan_targets,
             retired_joins=tuple(retired),
             dropped_cursors=dropped,
+            starts=tuple(starts),
         )
+
+    def _skips(
+        self,
+        g: Group,
+        streams: StreamState,
+        now_ms: int,
+        committed: GroupCommitted | None = None,
+        plan: GroupPlanned | None = None,
+    ) -> GroupCursorsSkipped | None:
+        """Move every cursor retention passed to its stream's retained offset.
+
+        As the group will be once ``committed`` and ``plan`` (decided in the
+        same step, applied before this) are: a stream the plan brings in is
+        covered at once, from where it starts.
+        """
+        cursors = dict(g.cursors)
+        if committed is not None:
+            for uid, offset in committed.cursors:
+                cursors[uid] = max(cursors.get(uid, 0), offset)
+        paths = {uid: t.path for uid, t in g.targets.items()}
+        if plan is not None:
+            for uid in plan.dropped_cursors:
+                cursors.pop(uid, None)
+            for uid, offset in plan.starts:
+                cursors.setdefault(uid, offset)
+            paths = {t.stream_uid: t.path for t in plan.targets}
+        skips = []
+        for uid, path in sorted(paths.items()):
+            s = live_stream(streams, uid, now_ms)
+            if s is None:
+                continue
+            cursor = cursors.get(uid, 0)
+            if cursor < s.retained_from:
+                skips.append(SkippedRange(uid, path, cursor, s.retained_from))
+        if not skips:
+            return None
+        return GroupCursorsSkipped(g.name, g.incarnation, now_ms, tuple(skips))
 
     # ------------------------------------------------------------- decide
 
@@ -478,7 +558,7 @@ class GroupsState:
         if spec.bucket not in streams.buckets:
             raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {spec.bucket!r} does not exist")
         probe = Group(name, self.next_incarnation, spec, now_ms, explicit=spec.streams)
-        _, count = self.select(probe, streams, now_ms)
+        selected, count = self.select(probe, streams, now_ms)
         if len(spec.streams) > spec.max_streams or count > spec.max_streams:
             raise TieredError(
                 ErrorCode.TOO_MANY_STREAMS,
@@ -496,12 +576,13 @@ class GroupsState:
                 max_members=spec.max_members,
                 max_streams=spec.max_streams,
                 ts_ms=now_ms,
+                starts=tuple((uid, streams.streams[uid].retained_from) for uid, _ in selected),
             )
         ]
 
     def decide_join(
         self, name: str, member: str, join_id: str, streams: StreamState, now_ms: int
-    ) -> list[GroupPlanned]:
+    ) -> list[GroupCursorsSkipped | GroupPlanned]:
         """Admit a processing instance. A retry with the same ``join_id`` changes nothing."""
         g = self.get(name)
         validate_id(member, "member")
@@ -524,7 +605,8 @@ class GroupsState:
                     limit=g.spec.max_members,
                 )
         plan = self._plan(g, streams, now_ms, op=f"join:{join_id}", exempt=member, join=(member, join_id))
-        return [plan] if plan is not None else []
+        skipped = self._skips(g, streams, now_ms, plan=plan)
+        return [r for r in (plan, skipped) if r is not None]
 
     def _commits(
         self,
@@ -574,8 +656,11 @@ class GroupsState:
         streams: StreamState,
         now_ms: int,
         op: str | None = None,
-    ) -> tuple[list[GroupCommitted | GroupPlanned], list[Rejected]]:
-        """Commit cursors, release revoked streams, and replan. Returns (records, refused commits)."""
+    ) -> tuple[list[GroupCommitted | GroupCursorsSkipped | GroupPlanned], list[Rejected]]:
+        """Commit cursors, move the ones retention passed, release revoked streams, and replan.
+
+        Returns (records, refused commits).
+        """
         g = self.check_group(name, incarnation)
         self.check_member(g, member, generation)
         committed, rejected = self._commits(g, member, generation, commits, streams, now_ms)
@@ -599,7 +684,10 @@ class GroupsState:
             exempt=member,
             releases=released,
         )
-        records: list[GroupCommitted | GroupPlanned] = [r for r in (committed, plan) if r is not None]
+        skipped = self._skips(g, streams, now_ms, committed, plan)
+        records: list[GroupCommitted | GroupCursorsSkipped | GroupPlanned] = [
+            r for r in (committed, plan, skipped) if r is not None
+        ]
         return records, rejected
 
     def decide_leave(
@@ -611,7 +699,7 @@ class GroupsState:
         commits: Iterable[CommitRequest],
         streams: StreamState,
         now_ms: int,
-    ) -> tuple[list[GroupCommitted | GroupPlanned], list[Rejected], bool]:
+    ) -> tuple[list[GroupCommitted | GroupCursorsSkipped | GroupPlanned], list[Rejected], bool]:
         """Final commits, then leave. Leaving twice is fine: (records, refused, was a member)."""
         g = self.check_group(name, incarnation)
         if member not in g.members:
@@ -619,7 +707,8 @@ class GroupsState:
         self.check_member(g, member, generation)
         committed, rejected = self._commits(g, member, generation, commits, streams, now_ms)
         plan = self._plan(g, streams, now_ms, op=f"leave:{member}:{generation}", leave=member)
-        return [r for r in (committed, plan) if r is not None], rejected, True
+        skipped = self._skips(g, streams, now_ms, committed, plan)
+        return [r for r in (committed, plan, skipped) if r is not None], rejected, True
 
     def _check_admin(self, g: Group, expected_revision: int | None) -> None:
         if expected_revision is not None and expected_revision != g.revision:
@@ -640,7 +729,7 @@ class GroupsState:
         incarnation: int | None = None,
         expected_revision: int | None = None,
         op_id: str | None = None,
-    ) -> list[GroupPlanned]:
+    ) -> list[GroupPlanned | GroupCursorsSkipped]:
         """Add (or with ``unlink`` remove) explicit streams. Idempotent; CAS with ``expected_revision``."""
         g = self.check_group(name, incarnation)
         if op_id is not None and op_id in g.recent_ops:
@@ -663,8 +752,12 @@ class GroupsState:
                     limit=g.spec.max_streams,
                 )
         op = op_id or f"{'unlink' if unlink else 'link'}:{g.revision}"
-        plan = self._plan(g, streams, now_ms, op=op, explicit=explicit)
-        return [plan] if plan is not None else []
+        fresh = frozenset(
+            uid for p in wanted if (uid := streams.paths.get((g.spec.bucket, p))) is not None and not unlink
+        )
+        plan = self._plan(g, streams, now_ms, op=op, explicit=explicit, linked_now=fresh)
+        skipped = self._skips(g, streams, now_ms, plan=plan)
+        return [r for r in (plan, skipped) if r is not None]
 
     def decide_delete(
         self, name: str, now_ms: int, *, incarnation: int | None = None, expected_revision: int | None = None
@@ -676,14 +769,23 @@ class GroupsState:
         self._check_admin(g, expected_revision)
         return [GroupDeleted(name, g.incarnation, g.revision, now_ms)]
 
-    def decide_sweep(self, streams: StreamState, now_ms: int) -> list[GroupPlanned]:
-        """Plans for groups whose members expired or whose streams came or went."""
-        out = []
+    def decide_sweep(self, streams: StreamState, now_ms: int) -> list[GroupCursorsSkipped | GroupPlanned]:
+        """Cursors retention passed, and plans for groups whose members expired or whose streams came or went."""
+        out: list[GroupCursorsSkipped | GroupPlanned] = []
         for name in sorted(self.groups):
             g = self.groups[name]
             plan = self._plan(g, streams, now_ms, op=f"sweep:{g.revision}")
-            if plan is not None:
-                out.append(plan)
+            skipped = self._skips(g, streams, now_ms, plan=plan)
+            out.extend(r for r in (plan, skipped) if r is not None)
+        return out
+
+    def decide_skips(self, streams: StreamState, now_ms: int) -> list[GroupCursorsSkipped]:
+        """Every group's cursors retention passed, moved (run right after retention is applied)."""
+        out = []
+        for name in sorted(self.groups):
+            skipped = self._skips(self.groups[name], streams, now_ms)
+            if skipped is not None:
+                out.append(skipped)
         return out
 
     # ------------------------------------------------------------- soft state
@@ -713,6 +815,22 @@ class GroupsState:
             for uid, offset in record.cursors:
                 if uid in g.targets and offset > g.cursors.get(uid, 0):
                     g.cursors[uid] = offset
+                    g.skipped.pop(uid, None)  # processed past the gap: nothing left to report
+        elif isinstance(record, GroupCursorsSkipped):
+            g = self.groups.get(record.name)
+            if g is None or g.incarnation != record.incarnation:
+                return
+            for r in record.skips:
+                uid = r.stream_uid
+                if uid not in g.targets or g.cursors.get(uid, 0) != r.start or r.end <= r.start:
+                    continue  # stale: the cursor moved since (or a replay)
+                g.cursors[uid] = r.end
+                before = g.skipped.get(uid)
+                # Two skips with no commit between are one gap.
+                g.skipped[uid] = (
+                    before[0] if before is not None and before[1] == r.start else r.start,
+                    r.end,
+                )
         elif isinstance(record, GroupPlanned):
             g = self.groups.get(record.name)
             if (
@@ -739,6 +857,9 @@ class GroupsState:
             del g.retired_joins[:-RETIRED_JOINS_KEPT]
             for uid in record.dropped_cursors:
                 g.cursors.pop(uid, None)
+                g.skipped.pop(uid, None)
+            for uid, offset in record.starts:
+                g.cursors.setdefault(uid, offset)
             g.revision = record.revision
             g.recent_ops[record.op] = record.revision
             while len(g.recent_ops) > RECENT_OPS_KEPT:
@@ -757,6 +878,7 @@ class GroupsState:
             self.groups[record.name] = Group(
                 record.name, record.incarnation, spec, record.ts_ms, explicit=record.streams
             )
+            self.groups[record.name].cursors.update(record.starts)
             self.next_incarnation = record.incarnation + 1
         elif isinstance(record, GroupDeleted):
             g = self.groups.get(record.name)

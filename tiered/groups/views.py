@@ -10,11 +10,20 @@ from tiered.ids import format_offset
 from tiered.streams.model import Stream
 from tiered.streams.state import StreamState
 
-from .state import GroupsState, live_stream
+from .state import Group, GroupsState, live_stream
+
+
+def skipped_json(g: Group, uid: int) -> dict[str, Any] | None:
+    """The range retention released before the group committed it, if no commit moved the cursor since."""
+    gap = g.skipped.get(uid)
+    if gap is None:
+        return None
+    start, end = gap
+    return {"from": format_offset(start), "to": format_offset(end), "bytes": end - start}
 
 
 def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
-    """What a member sees: its streams (fence, cursor, revoked) and pending ones."""
+    """What a member sees: its streams (fence, cursor, revoked, and a ``skipped`` range if any) and pending ones."""
     g = groups.get(name)
     m = g.members.get(member)
     if m is None:
@@ -23,14 +32,16 @@ def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
     pending = []
     for t in sorted(g.targets.values(), key=lambda t: t.path):
         if t.holder == member and t.holder_generation == m.generation:
-            assignments.append(
-                {
-                    "stream": t.path,
-                    "fence": t.fence,
-                    "cursor": format_offset(g.cursors.get(t.stream_uid, 0)),
-                    "revoked": t.owner != member,
-                }
-            )
+            assignment: dict[str, Any] = {
+                "stream": t.path,
+                "fence": t.fence,
+                "cursor": format_offset(g.cursors.get(t.stream_uid, 0)),
+                "revoked": t.owner != member,
+            }
+            gap = skipped_json(g, t.stream_uid)
+            if gap is not None:
+                assignment["skipped"] = gap
+            assignments.append(assignment)
         elif t.owner == member:
             pending.append(t.path)
     return {
@@ -66,8 +77,14 @@ def group_view(
     targets = []
     for uid, row in sorted(rows.items(), key=lambda kv: kv[1]["stream"]):
         s = live_stream(streams, uid, now_ms)
-        row["cursor"] = format_offset(g.cursors.get(uid, 0))
+        cursor = g.cursors.get(uid)
+        if cursor is None:  # not committed yet: a stream new to the group starts at its retained offset
+            cursor = s.retained_from if s is not None and uid not in g.targets else 0
+        row["cursor"] = format_offset(cursor)
         row["tail"] = format_offset(tail(s)) if s is not None else None
+        gap = skipped_json(g, uid)
+        if gap is not None:
+            row["skipped"] = gap
         targets.append(row)
     spec = g.spec
     return {

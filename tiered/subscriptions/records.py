@@ -83,6 +83,23 @@ class StreamGone(_SubRecord, frozen=True, tag="sub.stream-gone.v1"):
     ts_ms: int
 
 
+class LinkSkip(msgspec.Struct, array_like=True, frozen=True):
+    """One link whose unprocessed bytes ``[start, end)`` retention released: its acked offset moves to ``end``."""
+
+    path: str
+    acked: int  # the link's acked offset when decided (-1: nothing acked yet); applied only if still so
+    start: int  # the first released byte it had not processed (its acked offset, or the stream's first byte)
+    end: int  # the stream's retained offset: the new acked offset
+
+
+class LinksSkipped(_SubRecord, frozen=True, tag="sub.skip.v1"):
+    """Retention passed links' acked offsets: each moves to its stream's retained offset, the range reported."""
+
+    id: str
+    ts_ms: int
+    skips: tuple[LinkSkip, ...]
+
+
 class WakeIssued(_SubRecord, frozen=True, tag="sub.wake.v1"):
     """A new wake (generation). It supersedes, and so fences, any wake still recorded."""
 
@@ -163,6 +180,7 @@ SubscriptionRecord = (
     | StreamsLinked
     | ExplicitLinkRemoved
     | StreamGone
+    | LinksSkipped
     | WakeIssued
     | WakeClaimed
     | Acked
@@ -179,6 +197,7 @@ SUBSCRIPTION_RECORD_TYPES: tuple[type, ...] = (
     StreamsLinked,
     ExplicitLinkRemoved,
     StreamGone,
+    LinksSkipped,
     WakeIssued,
     WakeClaimed,
     Acked,

@@ -5,29 +5,37 @@ Each operation is parse (done by the routes) -> decide (pure) -> commit (no
 state) -> wait for durability -> a view to answer with. Stream events reach
 the state through ``StreamEvents``, a commit observer: its follow-up records
 (links for new streams, wakes after appends) join the batch right after the
-stream record that caused them.
+stream record that caused them. It also reports, once durable, every link
+whose acked offset retention moved (``LinksSkipped``): a warning naming the
+subscription, stream and range, and the ``skipped_bytes`` / ``skipped_ranges``
+counters ``/metrics`` exposes.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from tiered.clock import Clock
+from tiered.ids import format_offset
 from tiered.journal.committer import Committer
 from tiered.streams.model import Stream
+from tiered.streams.records import RetentionAdvanced
 from tiered.streams.state import StreamState
 from tiered.streams.visibility import Visibility
 
 from . import views
 from .config import WEBHOOK, SubscriptionConfig, WakeRequest
-from .records import SigningKeyAdded, WakeClaimed
+from .records import LinksSkipped, SigningKeyAdded, WakeClaimed
 from .state import CombinedStreams, StateStreams, StreamsView, SubscriptionState
 from .tokens import TOKEN_TTL_S, SigningKey, TokenClaims, key_id, mint_token
+
+log = logging.getLogger(__name__)
 
 
 def new_signing_key(ts_ms: int) -> SigningKeyAdded:
@@ -39,22 +47,35 @@ def new_signing_key(ts_ms: int) -> SigningKeyAdded:
 
 
 class StreamEvents:
-    """Commit observer: stream records become subscription follow-ups (see ``SubscriptionState.on_stream_event``)."""
+    """Commit observer: stream records become subscription follow-ups (see ``SubscriptionState.on_stream_event``).
 
-    def __init__(self, state: StreamState, subs: SubscriptionState) -> None:
+    ``follow_retention=False`` (offline GC passes, which write GC records
+    only): a retention record adds no follow-up; the server moves those links
+    before it next wakes, claims or delivers. ``report`` gets every durable
+    ``LinksSkipped``.
+    """
+
+    def __init__(self, state: StreamState, subs: SubscriptionState, *, follow_retention: bool = True) -> None:
         self.state = state
         self.subs = subs
+        self.follow_retention = follow_retention
+        self.report: Callable[[LinksSkipped], None] | None = None
 
     def before_apply(self, record: Any) -> object:
         uid = getattr(record, "uid", None)
         return self.state.streams.get(uid) if uid is not None else None
 
     def after_apply(self, record: Any, token: object) -> Sequence[Any]:
+        if isinstance(record, RetentionAdvanced) and not self.follow_retention:
+            return ()
         before = token if isinstance(token, Stream) else None
         return self.subs.on_stream_event(record, before, self.state)
 
-    def on_durable(self, record: Any) -> None:
-        return None
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        report = self.report
+        if report is None or not isinstance(record, LinksSkipped):
+            return None
+        return lambda: report(record)
 
 
 class SubscriptionService:
@@ -80,6 +101,23 @@ class SubscriptionService:
         self.public_url = public_url.rstrip("/")
         # Cluster mode, on the subscriptions' shard: the streams other shards report (``tiered.cluster.sub_feed``).
         self.remote_streams: StreamsView | None = None
+        #: Lifetime counts of what retention made links skip (``/metrics``), as journaled by this process.
+        self.skipped_bytes = 0
+        self.skipped_ranges = 0
+
+    def report_skips(self, record: LinksSkipped) -> None:
+        """A durable acked-offset move past released data: one warning per range, and the counters."""
+        for sk in record.skips:
+            self.skipped_bytes += sk.end - sk.start
+            self.skipped_ranges += 1
+            log.warning(
+                "subscription %r: retention passed its acked offset on stream %r: moved from %s to %s, %d bytes skipped",
+                record.id,
+                sk.path,
+                format_offset(sk.start),
+                format_offset(sk.end),
+                sk.end - sk.start,
+            )
 
     def streams(self, now_ms: int) -> StreamsView:
         """The default bucket's streams at their durable (visible) tails (and other shards', in cluster mode)."""

@@ -19,6 +19,9 @@ class _LinkSnap(msgspec.Struct, array_like=True):
     explicit: bool
     glob: bool
     acked: int
+    # [start, end) retention released before it was acked, until an ack reaches end.
+    # Trailing with a default: snapshots written before it decode without it.
+    skipped: tuple[int, int] | None = None
 
 
 class _WakeSnap(msgspec.Struct, array_like=True):
@@ -102,7 +105,10 @@ def encode_state(state: SubscriptionState) -> bytes:
                 s.created_ms,
                 s.config_hash,
                 s.base_url,
-                [_LinkSnap(link.path, link.explicit, link.glob, link.acked) for link in s.links.values()],
+                [
+                    _LinkSnap(link.path, link.explicit, link.glob, link.acked, link.skipped)
+                    for link in s.links.values()
+                ],
                 s.generation,
                 wake,
                 s.status,
@@ -164,6 +170,6 @@ def decode_state(state: SubscriptionState, data: bytes) -> None:
         )
         state.subs[sub.id] = sub
         for ln in n.links:
-            sub.links[ln.path] = Link(ln.path, ln.explicit, ln.glob, ln.acked)
+            sub.links[ln.path] = Link(ln.path, ln.explicit, ln.glob, ln.acked, ln.skipped)
             state.by_path.setdefault(ln.path, set()).add(sub.id)
         state.dirty.add(sub.id)

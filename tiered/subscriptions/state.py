@@ -25,6 +25,17 @@ Model, per subscription:
 Stream events reach ``on_stream_event`` from the committer, right after a
 stream record is applied: new streams matching a pattern are linked before
 their first byte, appends wake idle subscriptions, deleted streams unlink.
+
+Retention (issue 18, defect 9): a link whose acked offset retention passed
+would send its worker to released data. Its acked offset moves to the
+stream's retained offset with a ``LinksSkipped`` record naming the range
+(for a link that acked nothing yet, from the stream's first byte; a fork's
+inherited bytes, readable from its retained offset, are no loss): right after
+a retention record (``on_stream_event``), and before every wake, claim,
+delivery and ack looks at the links. The range stays on the link
+(``skipped``, shown in wake bodies, claims and GET) until an ack reaches its
+end; an ack inside it (work done before retention moved the cursor) is no
+error and changes nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from tiered.errors import ErrorCode, TieredError
 from tiered.globs import compile_glob
 from tiered.ids import DEFAULT_BUCKET
 from tiered.streams.model import Stream
-from tiered.streams.records import Appended, StreamCreated, StreamDeleted, StreamExpired
+from tiered.streams.records import Appended, RetentionAdvanced, StreamCreated, StreamDeleted, StreamExpired
 from tiered.streams.state import StreamState
 
 from .config import (
@@ -59,7 +70,9 @@ from .records import (
     Acked,
     ExplicitLinkRemoved,
     GenerationFenced,
+    LinkSkip,
     LinkSpec,
+    LinksSkipped,
     SigningKeyAdded,
     StreamGone,
     StreamsLinked,
@@ -99,6 +112,22 @@ class StreamsView(Protocol):
 
     def paths(self) -> Iterable[str]: ...
 
+    def retained(self, path: str) -> tuple[int, int] | None:
+        """(first offset, retained offset) of the live stream at ``path``, or None.
+
+        The first offset is where a link that acked nothing yet starts, for
+        what it can lose: the stream's first byte. A fork's bytes below its
+        fork point are its source's, readable from the fork's retained
+        offset: retention among them is no loss to the link, only retention
+        of the fork's own bytes is.
+        """
+        ...
+
+
+def retained_of(s: Stream) -> tuple[int, int]:
+    """``StreamsView.retained`` of one stream (a plain stream's fork offset is its first byte)."""
+    return min(s.fork_offset, s.retained_from), s.retained_from
+
 
 class StateStreams:
     """A ``StreamsView`` over ``StreamState``; ``visible_tail`` (the shell's) limits tails to durable data."""
@@ -124,6 +153,12 @@ class StateStreams:
             if bucket == DEFAULT_BUCKET and not is_reserved(path) and self._live(self.state.streams.get(uid)):
                 yield path
 
+    def retained(self, path: str) -> tuple[int, int] | None:
+        s = self.state.find(DEFAULT_BUCKET, path)
+        if s is None or not self._live(s):
+            return None
+        return retained_of(s)
+
 
 class CombinedStreams:
     """This engine's streams, then the ones other shards reported (cluster mode: ``tiered.cluster.sub_feed``)."""
@@ -143,6 +178,10 @@ class CombinedStreams:
             if path not in seen:
                 yield path
 
+    def retained(self, path: str) -> tuple[int, int] | None:
+        got = self.local.retained(path)
+        return got if got is not None else self.remote.retained(path)
+
 
 # ---------------------------------------------------------------- state
 
@@ -153,6 +192,9 @@ class Link:
     explicit: bool
     glob: bool
     acked: int
+    skipped: tuple[int, int] | None = (
+        None  # [start, end) retention released unprocessed; until an ack reaches end
+    )
 
     @property
     def link_type(self) -> str:
@@ -200,6 +242,11 @@ class Subscription:
             and path != self.wake_stream
             and self.matcher.fullmatch("/" + path) is not None
         )
+
+
+def moved_to(records: list[SubscriptionRecord]) -> dict[str, int]:
+    """The acked offsets ``LinksSkipped`` records move links to."""
+    return {sk.path: sk.end for r in records if isinstance(r, LinksSkipped) for sk in r.skips}
 
 
 def wake_live(sub: Subscription, now_ms: int) -> bool:
@@ -418,7 +465,8 @@ class SubscriptionState:
         trigger = self.first_pending(sub, streams)
         if trigger is None:
             raise TieredError(ErrorCode.NO_PENDING_WORK, "Subscription has no pending work")
-        records: list[SubscriptionRecord] = []
+        # Data it was woken for may have been released since: the claimer reads from what is retained, told so.
+        records: list[SubscriptionRecord] = self._skips(sub, streams, now_ms)
         if live and w is not None:
             generation, wake_id = w.generation, w.wake_id
         else:
@@ -463,6 +511,9 @@ class SubscriptionState:
             if link is None:
                 raise invalid_offset("Ack references an unknown subscription stream")
             if offset < link.acked:
+                gap = link.skipped
+                if gap is not None and offset >= gap[0]:
+                    continue  # processed before retention moved the cursor past it: nothing to apply
                 raise invalid_offset("Ack offset regresses the committed cursor")
             if offset > (streams.tail(path) or 0):
                 raise invalid_offset("Ack offset is beyond stream tail")
@@ -478,9 +529,11 @@ class SubscriptionState:
                 now_ms + sub.lease_ttl_ms,
             )
         ]
+        skipped = self._skips(sub, streams, now_ms, acks)
+        records += skipped
         if not req.done:
             return records, False
-        trigger = self.first_pending(sub, streams, acked=acks)
+        trigger = self.first_pending(sub, streams, acked={**acks, **moved_to(skipped)})
         if trigger is None:
             return records, False
         records.append(self._issue(sub, streams, now_ms, trigger))
@@ -496,6 +549,7 @@ class SubscriptionState:
         records: list[SubscriptionRecord] = [WakeEnded(sub_id, w.generation, w.wake_id, now_ms, "released")]
         trigger = self.first_pending(sub, streams)
         if trigger is not None:
+            records += self._skips(sub, streams, now_ms)
             records.append(self._issue(sub, streams, now_ms, trigger))
         return records
 
@@ -510,6 +564,7 @@ class SubscriptionState:
                 continue
             trigger = self.first_pending(sub, streams)
             if trigger is not None:
+                records += self._skips(sub, streams, now_ms)
                 records.append(self._issue(sub, streams, now_ms, trigger))
             else:
                 w = sub.wake
@@ -523,6 +578,7 @@ class SubscriptionState:
             sub = self.subs[sub_id]
             trigger = self.first_pending(sub, streams)
             if trigger is not None:
+                records += self._skips(sub, streams, now_ms)
                 records.append(self._issue(sub, streams, now_ms, trigger))
             elif sub.wake is not None:
                 records.append(GenerationFenced(sub_id, sub.generation + 1, now_ms, "restart"))
@@ -565,7 +621,9 @@ class SubscriptionState:
                 now_ms + sub.lease_ttl_ms,
             )
         )
-        trigger = self.first_pending(sub, streams, acked=acks)
+        skipped = self._skips(sub, streams, now_ms, acks)
+        records += skipped
+        trigger = self.first_pending(sub, streams, acked={**acks, **moved_to(skipped)})
         if trigger is not None:
             records.append(self._issue(sub, streams, now_ms, trigger))
         return records
@@ -623,6 +681,13 @@ class SubscriptionState:
                 if before is None or before.bucket != DEFAULT_BUCKET or before.path not in self.by_path:
                     return []
                 return [StreamGone(before.path, record.ts_ms)]
+            if isinstance(record, RetentionAdvanced):
+                paths = set()
+                for uid, _ in record.advances:
+                    s = state.streams.get(uid)
+                    if s is not None and s.bucket == DEFAULT_BUCKET and s.path in self.by_path:
+                        paths.add(s.path)
+                return self.skips_on(paths, StateStreams(state, record.ts_ms), record.ts_ms)
         except Exception:
             log.exception("subscriptions: handling %s failed", type(record).__name__)
         return []
@@ -643,8 +708,43 @@ class SubscriptionState:
             return [StreamGone(path, now_ms)] if path in self.by_path else []
         if kind == "created":
             return self._on_created(path, streams, now_ms)
+        if kind == "retained":
+            return self.skips_on({path}, streams, now_ms)
         ids = self.by_path.get(path)
         return self._wake_idle(sorted(ids), streams, now_ms, path, {}) if ids else []
+
+    def _skips(
+        self, sub: Subscription, streams: StreamsView, now_ms: int, acks: dict[str, int] | None = None
+    ) -> list[SubscriptionRecord]:
+        """``[LinksSkipped]`` moving every link retention passed (once ``acks`` applied), or ``[]``."""
+        skips = []
+        for path in sorted(sub.links):
+            link = sub.links[path]
+            acked = max(link.acked, (acks or {}).get(path, link.acked))
+            got = streams.retained(path)
+            if got is None:
+                continue
+            first, retained = got
+            position = acked if acked >= 0 else first
+            if position < retained:
+                skips.append(LinkSkip(path, acked, position, retained))
+        return [LinksSkipped(sub.id, now_ms, tuple(skips))] if skips else []
+
+    def skips_on(self, paths: Iterable[str], streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
+        """Links of ``paths`` whose acked offset retention passed, moved (right after retention advanced)."""
+        ids = sorted({sub_id for path in paths for sub_id in self.by_path.get(path, ())})
+        return self.decide_skips(ids, streams, now_ms)
+
+    def decide_skips(
+        self, sub_ids: Iterable[str], streams: StreamsView, now_ms: int
+    ) -> list[SubscriptionRecord]:
+        """Every link of these subscriptions whose acked offset retention passed, moved (before a delivery)."""
+        records: list[SubscriptionRecord] = []
+        for sub_id in sorted(set(sub_ids)):
+            sub = self.subs.get(sub_id)
+            if sub is not None:
+                records += self._skips(sub, streams, now_ms)
+        return records
 
     def _on_created(self, path: str, streams: StreamsView, now_ms: int) -> list[SubscriptionRecord]:
         records: list[SubscriptionRecord] = []
@@ -677,6 +777,7 @@ class SubscriptionState:
                 continue
             extra = new_links.get(sub_id)
             if self.first_pending(sub, streams, extra_links=extra) is not None:
+                records += self._skips(sub, streams, now_ms)
                 records.append(self._issue(sub, streams, now_ms, trigger, extra))
         return records
 
@@ -749,11 +850,22 @@ class SubscriptionState:
             if w is not None and w.wake_id == record.wake_id:
                 w.holder = record.worker
                 w.lease_expires_ms = record.lease_expires_ms
+        elif isinstance(record, LinksSkipped):
+            for sk in record.skips:
+                link = sub.links.get(sk.path)
+                if link is None or link.acked != sk.acked or sk.end <= sk.start:
+                    continue  # stale: acked (or skipped) since, or a replay
+                link.acked = sk.end
+                gap = link.skipped
+                # Skips with no ack reaching past them between are one range.
+                link.skipped = (gap[0] if gap is not None and gap[1] == sk.start else sk.start, sk.end)
         elif isinstance(record, Acked):
             for path, offset in record.acks:
                 link = sub.links.get(path)
                 if link is not None:
                     link.acked = max(link.acked, offset)
+                    if link.skipped is not None and offset >= link.skipped[1]:
+                        link.skipped = None  # processed from the gap on: nothing left to report
             if w is not None and w.wake_id == record.wake_id:
                 if record.done:
                     sub.wake = None
@@ -788,6 +900,7 @@ class SubscriptionState:
                 # Explicit membership outlives the stream; a stream created later starts fresh.
                 link.glob = False
                 link.acked = BEFORE_FIRST
+                link.skipped = None
             else:
                 self._unlink(sub, r.path)
 

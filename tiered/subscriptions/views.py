@@ -19,6 +19,15 @@ def format_acked(acked: int) -> str:
     return "-1" if acked < 0 else format_offset(acked)
 
 
+def with_skipped(entry: dict[str, Any], link: Link) -> dict[str, Any]:
+    """``entry`` with the link's ``skipped`` range (our extension of the protocol's stream entries), if any:
+    bytes retention released before the worker processed them; ``acked_offset`` was moved past them."""
+    if link.skipped is not None:
+        start, end = link.skipped
+        entry["skipped"] = {"from": format_offset(start), "to": format_offset(end), "bytes": end - start}
+    return entry
+
+
 def describe(subs: SubscriptionState, sub: Subscription, jwks_url: str) -> dict[str, Any]:
     """The subscription as GET (and PUT) return it."""
     webhook: dict[str, Any] | None = None
@@ -33,7 +42,14 @@ def describe(subs: SubscriptionState, sub: Subscription, jwks_url: str) -> dict[
         "type": sub.type,
         "pattern": sub.pattern,
         "streams": [
-            {"path": p, "link_type": sub.links[p].link_type, "acked_offset": format_acked(sub.links[p].acked)}
+            with_skipped(
+                {
+                    "path": p,
+                    "link_type": sub.links[p].link_type,
+                    "acked_offset": format_acked(sub.links[p].acked),
+                },
+                sub.links[p],
+            )
             for p in sorted(sub.links)
         ],
         "webhook": webhook,
@@ -71,10 +87,13 @@ def stream_infos(subs: SubscriptionState, sub: Subscription, streams: StreamsVie
 
 
 def _info(link: Link, tail: int) -> dict[str, Any]:
-    return {
-        "path": link.path,
-        "link_type": link.link_type,
-        "acked_offset": format_acked(link.acked),
-        "tail_offset": format_offset(tail),
-        "has_pending": tail > max(link.acked, 0),
-    }
+    return with_skipped(
+        {
+            "path": link.path,
+            "link_type": link.link_type,
+            "acked_offset": format_acked(link.acked),
+            "tail_offset": format_offset(tail),
+            "has_pending": tail > max(link.acked, 0),
+        },
+        link,
+    )
