@@ -147,7 +147,9 @@ def test_delete_and_create_again_never_reuses_an_offset(tmp_path: Path) -> None:
         assert (await h.http("DELETE", URL))[0] == 204
         status, headers, _ = await h.http("PUT", URL, headers=TEXT)
         assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(2 * HALF))
-        await assert_refused_everywhere(h, URL, [*old, first, format_offset(HALF + 4)], format_offset(2 * HALF))
+        await assert_refused_everywhere(
+            h, URL, [*old, first, format_offset(HALF + 4)], format_offset(2 * HALF)
+        )
 
     run(tmp_path, body)
 
@@ -269,7 +271,9 @@ def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused(tmp_path: 
     async def body(h: HttpHarness, clock: VirtualClock) -> None:
         assert (await h.http("PUT", "/v1/stream/src", headers=TEXT, body="source bytes"))[0] == 201
         fork = {**TEXT, "Stream-Forked-From": "/v1/stream/src"}
-        status, headers, _ = await h.http("PUT", URL, headers={**fork, "Stream-Fork-Offset": format_offset(6)})
+        status, headers, _ = await h.http(
+            "PUT", URL, headers={**fork, "Stream-Fork-Offset": format_offset(6)}
+        )
         assert status == 201
         assert (await h.http("POST", URL, headers=TEXT, body=" mine"))[0] == 204
         old = [format_offset(0), format_offset(6), format_offset(11)]
@@ -293,7 +297,9 @@ def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused(tmp_path: 
         )
         assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(HALF + 5))
         assert (await h.http("GET", "/v1/stream/other?offset=-1"))[2] == b"plain"
-        await assert_refused_everywhere(h, "/v1/stream/other", [format_offset(0), format_offset(1)], format_offset(HALF))
+        await assert_refused_everywhere(
+            h, "/v1/stream/other", [format_offset(0), format_offset(1)], format_offset(HALF)
+        )
 
     run(tmp_path, body)
 

@@ -1039,6 +1039,12 @@ class MStream:
     producers: dict[str, tuple[int, int]] = field(default_factory=dict)
     forks: int = 0
     soft_deleted: bool = False
+    base: int = 0  # the offset of content[0]: above every offset the path issued before
+    incarnation: int = 0
+
+    @property
+    def tail(self) -> int:
+        return self.base + len(self.content)
 
     def expired(self, now: int) -> bool:
         if self.expires_at_ms is not None and now >= self.expires_at_ms:
@@ -1052,6 +1058,7 @@ class Model:
     def __init__(self) -> None:
         self.objs: dict[int, MStream] = {}
         self.paths: dict[str, int] = {}
+        self.history: dict[str, tuple[int, int]] = {}  # path -> (streams it held, highest offset issued)
 
     def at(self, path: str) -> MStream | None:
         uid = self.paths.get(path)
@@ -1073,6 +1080,8 @@ class Model:
             del self.objs[s.uid]
             if self.paths.get(s.path) == s.uid:
                 del self.paths[s.path]
+                _, fence = self.history.get(s.path, (0, -1))
+                self.history[s.path] = (s.incarnation + 1, max(fence, s.tail))
             src = s.fork_source
             if src is None:
                 return
@@ -1146,7 +1155,7 @@ class Runner:
                 return
             assert isinstance(resolved, MStream) and resolved.uid == s_state.uid
             src = resolved
-            offset = len(src.content) + 1 if frac is None else int(frac * len(src.content))
+            offset = src.tail + 1 if frac is None else src.base + int(frac * len(src.content))
             freq = ForkRequest(src.uid, offset, f"{src_path}@{offset}")
         spec = None if freq is None else freq.spec
 
@@ -1160,11 +1169,21 @@ class Runner:
                 expire_first = True
             else:
                 expected = "match" if _same_config(existing, ct, ttl, exp, closed, spec) else 409
+        incarnation, fence = m.history.get(path, (0, None))
+        if expire_first:
+            assert existing is not None
+            incarnation = existing.incarnation + 1
+            fence = existing.tail if fence is None else max(fence, existing.tail)
+        # A plain stream starts at the next multiple of 10^16 above every offset the path issued.
+        base = 0 if fence is None else (fence // 10**16 + 1) * 10**16
         if expected == "created" and src is not None and freq is not None:
+            base = src.base  # a fork keeps its source's offsets
             if ct is not None and media_type(ct) != media_type(src.content_type):
                 expected = 409
-            elif not 0 <= freq.offset <= len(src.content):
+            elif not src.base <= freq.offset <= src.tail:
                 expected = 400
+            elif fence is not None and src.base <= fence:
+                expected = 409  # it would serve offsets an earlier stream at the path issued
 
         try:
             records, found = h.decide_create(
@@ -1189,8 +1208,9 @@ class Runner:
             assert existing is not None
             event("expired stream replaced" + (" (soft, has forks)" if existing.forks else ""))
             m.kill(existing)
+        assert created.fork_offset == (freq.offset if freq is not None else base)
         if src is not None and freq is not None:
-            prefix = bytes(src.content[: freq.offset])
+            prefix = bytes(src.content[: freq.offset - src.base])
             if ttl is None and exp is None:
                 ttl, exp = src.ttl_s, src.expires_at_ms
             ctype = ct or src.content_type
@@ -1210,6 +1230,8 @@ class Runner:
             closed=closed,
             fork_source=src,
             fork_spec=spec,
+            base=base,
+            incarnation=incarnation,
         )
         m.paths[path] = created.uid
 
@@ -1251,7 +1273,7 @@ class Runner:
             return
         assert expected == "appended" and isinstance(decided, Appended), (expected, decided)
         assert isinstance(s, MStream)
-        assert decided.offset == len(s.content)
+        assert decided.offset == s.tail
         s.content += data
         s.own_bytes += len(data)
         s.last_access = max(s.last_access, now)
@@ -1280,9 +1302,10 @@ class Runner:
         assert set(state.streams) == set(m.objs)
         assert state.paths == {(B, p): uid for p, uid in m.paths.items()}
         assert state.hot_bytes == m.hot_bytes
+        assert {p: tuple(h) for (b, p), h in state.path_history.items()} == m.history
         for uid, ms in m.objs.items():
             s = state.streams[uid]
-            assert s.tail == len(ms.content)
+            assert s.tail == ms.tail and s.incarnation == ms.incarnation
             assert s.closed == ms.closed and s.closed_by == ms.closed_by
             assert {k: (p.epoch, p.last_seq) for k, p in s.producers.items()} == ms.producers
             assert s.soft_deleted == ms.soft_deleted and s.forks == ms.forks
@@ -1301,12 +1324,13 @@ class Runner:
                 continue  # 410 to readers; what its forks inherit is read through them
             s = state.streams[uid]
             want = bytes(ms.content)
-            n = len(want)
-            assert read_through(state, self.h.disk, s, 0, n) == want
+            n, b = len(want), ms.base
+            assert s.retained_from == b
+            assert read_through(state, self.h.disk, s, b, b + n) == want
             for a in range(n + 1):
-                assert read_through(state, self.h.disk, s, a, n) == want[a:]
-                assert read_through(state, self.h.disk, s, 0, a) == want[:a]
-                assert read_through(state, self.h.disk, s, a, min(n, a + 3)) == want[a : a + 3]
+                assert read_through(state, self.h.disk, s, b + a, b + n) == want[a:]
+                assert read_through(state, self.h.disk, s, b, b + a) == want[:a]
+                assert read_through(state, self.h.disk, s, b + a, b + min(n, a + 3)) == want[a : a + 3]
 
 
 _path = st.sampled_from(PATHS)

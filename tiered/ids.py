@@ -4,8 +4,14 @@ Offsets are the byte position in a stream's logical byte sequence, printed as
 a 32-digit zero-padded decimal split 16_16 (the shape the protocol's reference
 server uses, which clients and the conformance suite have come to expect), so
 they sort lexicographically. A position never changes when data moves between
-tiers, and forks share their source's offset space, so this is all an offset
-needs to be.
+tiers, and forks share their source's offset space.
+
+Offsets are never reused at a path: a stream created where an earlier one was
+deleted or expired starts at ``first_offset_above`` of the highest offset the
+path ever issued, the next multiple of 10^16. For a path that only held plain
+streams, the offset's high 16 digits are then the stream's incarnation (0 for
+the first, whose offsets are unchanged); an old offset is below the new
+stream's first one, so reads refuse it as gone instead of serving new bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,16 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 # object metadata: no C0/C1 control characters, backslashes, or "." / ".." segments.
 _SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f/\\]+")
 MAX_STREAM_PATH = 1024
+
+
+def first_offset_above(fence: int) -> int:
+    """The first offset of a new stream at a path whose earlier streams issued offsets up to ``fence``.
+
+    The next multiple of 10^16 (one more in the offset's high half): every
+    old offset is below it, and a stream never grows 10^16 bytes in practice,
+    so the high half keeps counting incarnations.
+    """
+    return (fence // _HALF + 1) * _HALF
 
 
 def format_offset(pos: int) -> str:

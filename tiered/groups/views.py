@@ -10,7 +10,16 @@ from tiered.ids import format_offset
 from tiered.streams.model import Stream
 from tiered.streams.state import StreamState
 
-from .state import GroupsState, live_stream
+from .state import Group, GroupsState, live_stream
+
+#: The cursor of a stream nothing was committed on yet: the stream's start (the protocol's ``-1``). Not
+#: a zero offset: a stream created where an earlier one was deleted starts above zero (``tiered.ids``).
+FROM_START = "-1"
+
+
+def _cursor(g: Group, uid: int) -> str:
+    committed = g.cursors.get(uid)
+    return FROM_START if committed is None else format_offset(committed)
 
 
 def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
@@ -27,7 +36,7 @@ def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
                 {
                     "stream": t.path,
                     "fence": t.fence,
-                    "cursor": format_offset(g.cursors.get(t.stream_uid, 0)),
+                    "cursor": _cursor(g, t.stream_uid),
                     "revoked": t.owner != member,
                 }
             )
@@ -66,7 +75,7 @@ def group_view(
     targets = []
     for uid, row in sorted(rows.items(), key=lambda kv: kv[1]["stream"]):
         s = live_stream(streams, uid, now_ms)
-        row["cursor"] = format_offset(g.cursors.get(uid, 0))
+        row["cursor"] = _cursor(g, uid)
         row["tail"] = format_offset(tail(s)) if s is not None else None
         targets.append(row)
     spec = g.spec
