@@ -353,9 +353,9 @@ def iter_records(data: bytes) -> Iterator[ColdRecord]:
 def _open_whole(data: bytes) -> tuple[pq.ParquetFile, bool]:
     """The object opened for whole reads, and whether it is of format 1 (no incarnation column)."""
     pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
-    version = (pf.metadata.metadata or {}).get(FORMAT_KEY)
+    version: bytes | None = (pf.metadata.metadata or {}).get(FORMAT_KEY)
     schema = _SCHEMAS.get(version) if version is not None else None
-    if schema is None:
+    if version is None or schema is None:
         raise ValueError("not a tiered cold chunk (format marker missing or unsupported)")
     if not pf.schema_arrow.equals(schema):
         raise ValueError(f"unexpected cold chunk schema for format {version.decode()}: {pf.schema_arrow}")
