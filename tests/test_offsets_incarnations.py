@@ -26,6 +26,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.gc_support import HttpHarness, VirtualClock, make_config
+from tests.http_helpers import create, request, stream_url
+from tests.server_process import ServerProcess
+from tiered.groups.client import GroupConsumer
 from tiered.ids import format_offset, parse_offset
 
 pytestmark = pytest.mark.timeout(120)
@@ -309,3 +312,44 @@ def test_offsets_parse_back_to_positions_above_every_old_one() -> None:
     assert format_offset(HALF) == "0000000000000001_0000000000000000"
     assert parse_offset(format_offset(3 * HALF + 42)) == 3 * HALF + 42
     assert format_offset(HALF - 1) < format_offset(HALF) < format_offset(2 * HALF)
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+
+def test_a_consumer_group_reads_a_re_created_stream_from_its_start(tmp_path: Path) -> None:
+    """No cursor committed: the view says ``-1``, the client starts at the stream's first offset."""
+    srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2").start()
+    try:
+        url = stream_url(srv.url, "g/s")
+        assert create(url, "text/plain", "old\n")[0] == 201
+        assert request("DELETE", url)[0] == 204
+        assert create(url, "text/plain", "new\n")[0] == 201
+        body = json.dumps({"streams": ["g/s"]})
+        status, _, raw = request(
+            "PUT", f"{srv.url}/v1/groups/grp", {"Content-Type": "application/json"}, body
+        )
+        assert status == 201, raw
+        assert [t["cursor"] for t in json.loads(raw)["targets"]] == ["-1"]
+
+        async def consume() -> None:
+            async with GroupConsumer(srv.url, "grp", "m1", wait_ms=500) as consumer:
+                batch = await asyncio.wait_for(consumer.__anext__(), 20)
+                assert (batch.offset, batch.next_offset, batch.data) == (
+                    format_offset(HALF),
+                    format_offset(HALF + 4),
+                    b"new\n",
+                )
+                assert consumer.commit(batch)  # sent with the next heartbeat
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 20
+                while loop.time() < deadline:
+                    _, _, raw = await asyncio.to_thread(request, "GET", f"{srv.url}/v1/groups/grp")
+                    if json.loads(raw)["targets"][0]["cursor"] == format_offset(HALF + 4):
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"the commit never landed: {raw!r}")
+
+        asyncio.run(consume())
+    finally:
+        srv.stop()
