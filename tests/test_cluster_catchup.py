@@ -249,7 +249,7 @@ def test_a_stream_created_again_through_the_non_owner_never_reuses_an_offset(pai
     new_bytes = [os.urandom(3000) for _ in range(4)]
     status, headers, body = request("PUT", other.url + path, octet, new_bytes[0])
     assert status == 201, body
-    first = 10**16  # the path's second stream: "0000000000000001_0000000000000000"
+    first = 12001  # the path's second stream starts above the first one's 0..12000
     assert headers["Stream-Next-Offset"] == format_offset(first + 3000)
     for chunk in new_bytes[1:]:
         assert request("POST", other.url + path, octet, chunk)[0] == 204

@@ -105,9 +105,9 @@ class Model:
         self.fence: dict[tuple[str, str], int] = {}  # the highest offset each path issued before
 
     def next_base(self, bucket: str, path: str) -> int:
-        """Where a plain stream created at the path starts: the next multiple of 10^16 above its fence."""
+        """Where a plain stream created at the path starts: one above every offset it issued before."""
         fence = self.fence.get((bucket, path))
-        return 0 if fence is None else (fence // 10**16 + 1) * 10**16
+        return 0 if fence is None else fence + 1
 
     def live(self, now: int) -> list[MStream]:
         return [s for s in self.streams if not self.expired(s, now)]

@@ -42,7 +42,8 @@ from tiered.streams.records import ColdCopyCommitted, ColdCopyStarted, CopyRange
 
 pytestmark = pytest.mark.timeout(120)
 
-HALF = 10**16  # the offset's low 16 digits: a new incarnation starts at the next multiple
+OLD_TAIL = 22  # what ``write_history`` leaves: "old data more old data"
+FIRST = OLD_TAIL + 1  # where the path's next stream starts: above every offset the first one issued
 OCTET = {"Content-Type": "application/octet-stream"}
 TEXT = {"Content-Type": "text/plain"}
 URL = "/v1/stream/hello"
@@ -84,6 +85,7 @@ async def write_history(h: HttpHarness, url: str = URL) -> list[str]:
         offsets.append(headers["Stream-Next-Offset"])
     status, _, raw = await h.http("GET", f"{url}?offset=-1")
     assert (status, raw) == (200, b"old data more old data")
+    assert parse_offset(offsets[-1]) == OLD_TAIL
     return offsets
 
 
@@ -124,17 +126,16 @@ async def assert_refused_everywhere(h: HttpHarness, url: str, old: list[str], fi
 def test_delete_and_create_again_never_reuses_an_offset(tmp_path: Path) -> None:
     async def body(h: HttpHarness, clock: VirtualClock) -> None:
         old = await write_history(h)
-        _, _, raw = await h.http("GET", URL)
         old_etag = (await h.http("GET", URL))[1]["ETag"]
         assert (await h.http("DELETE", URL))[0] == 204
 
         status, headers, _ = await h.http("PUT", URL, headers=TEXT, body="new")
         assert status == 201
-        first = format_offset(HALF)  # the second incarnation: the high part says so
-        assert headers["Stream-Next-Offset"] == format_offset(HALF + 3)
+        first = format_offset(FIRST)
+        assert headers["Stream-Next-Offset"] == format_offset(FIRST + 3)
         status, headers, _ = await h.http("HEAD", URL)
         assert status == 200
-        assert headers["Stream-Next-Offset"] == format_offset(HALF + 3)
+        assert headers["Stream-Next-Offset"] == format_offset(FIRST + 3)
         assert headers["Stream-Retained-Offset"] == first
         assert all(o < first for o in old)  # lexicographic, as clients compare them
 
@@ -143,24 +144,24 @@ def test_delete_and_create_again_never_reuses_an_offset(tmp_path: Path) -> None:
         # The new stream reads from its own start, in every mode.
         status, headers, raw = await h.http("GET", f"{URL}?offset=-1")
         assert (status, raw) == (200, b"new")
-        assert headers["Stream-Next-Offset"] == format_offset(HALF + 3)
+        assert headers["Stream-Next-Offset"] == format_offset(FIRST + 3)
         assert headers["ETag"] != old_etag
         status, headers, raw = await h.http("GET", f"{URL}?offset={first}&live=long-poll")
         assert (status, raw) == (200, b"new")
         status, control, data = await sse_first_control(h, URL, "-1")
         assert (status, data) == (200, "new")
-        assert control is not None and control["streamNextOffset"] == format_offset(HALF + 3)
+        assert control is not None and control["streamNextOffset"] == format_offset(FIRST + 3)
         status, headers, _ = await h.http("POST", URL, headers=TEXT, body="!")
-        assert headers["Stream-Next-Offset"] == format_offset(HALF + 4)
-        status, _, raw = await h.http("GET", f"{URL}?offset={format_offset(HALF + 3)}")
+        assert headers["Stream-Next-Offset"] == format_offset(FIRST + 4)
+        status, _, raw = await h.http("GET", f"{URL}?offset={format_offset(FIRST + 3)}")
         assert (status, raw) == (200, b"!")
 
         # A third incarnation starts above the second.
         assert (await h.http("DELETE", URL))[0] == 204
         status, headers, _ = await h.http("PUT", URL, headers=TEXT)
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(2 * HALF))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(FIRST + 5))
         await assert_refused_everywhere(
-            h, URL, [*old, first, format_offset(HALF + 4)], format_offset(2 * HALF)
+            h, URL, [*old, first, format_offset(FIRST + 4)], format_offset(FIRST + 5)
         )
 
     run(tmp_path, body)
@@ -183,9 +184,9 @@ def test_a_fork_offset_of_an_earlier_stream_at_the_source_path_is_400(tmp_path: 
         status, headers, _ = await h.http(
             "PUT",
             "/v1/stream/fork-of-hello",
-            headers={**TEXT, "Stream-Forked-From": URL, "Stream-Fork-Offset": format_offset(HALF + 1)},
+            headers={**TEXT, "Stream-Forked-From": URL, "Stream-Fork-Offset": format_offset(FIRST + 1)},
         )
-        assert status == 201 and headers["Stream-Next-Offset"] == format_offset(HALF + 1)
+        assert status == 201 and headers["Stream-Next-Offset"] == format_offset(FIRST + 1)
         status, _, raw = await h.http("GET", "/v1/stream/fork-of-hello?offset=-1")
         assert (status, raw) == (200, b"n")
 
@@ -204,16 +205,16 @@ def test_create_again_after_ttl_expiry_starts_above_the_expired_stream(tmp_path:
         clock.advance(1500)
         assert (await h.http("HEAD", URL))[0] == 404
         status, headers, _ = await h.http("PUT", URL, headers={**TEXT, "Stream-TTL": "60"}, body="fresh")
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(HALF + 5))
-        await assert_refused_everywhere(h, URL, old, format_offset(HALF))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(6 + 5))
+        await assert_refused_everywhere(h, URL, old, format_offset(6))
 
         # Expired by a GC pass first, then created again.
         clock.advance(61_000)
         report = await h.gc(clock.now_ms())
         assert report.streams_expired == 1
         status, headers, _ = await h.http("PUT", URL, headers=TEXT, body="third")
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(2 * HALF + 5))
-        await assert_refused_everywhere(h, URL, [*old, format_offset(HALF + 5)], format_offset(2 * HALF))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(12 + 5))
+        await assert_refused_everywhere(h, URL, [*old, format_offset(11)], format_offset(12))
 
     run(tmp_path, body)
 
@@ -229,15 +230,15 @@ def test_incarnations_survive_restarts(tmp_path: Path, crash: bool) -> None:
         await h.restart(crash=crash)
         # Nothing at the path now; only its history says where the next stream starts.
         status, headers, _ = await h.http("PUT", URL, headers=TEXT, body="new")
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(HALF + 3))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(FIRST + 3))
         await h.restart(crash=crash)
-        assert (await h.http("HEAD", URL))[1]["Stream-Next-Offset"] == format_offset(HALF + 3)
-        await assert_refused_everywhere(h, URL, old, format_offset(HALF))
+        assert (await h.http("HEAD", URL))[1]["Stream-Next-Offset"] == format_offset(FIRST + 3)
+        await assert_refused_everywhere(h, URL, old, format_offset(FIRST))
         assert (await h.http("GET", f"{URL}?offset=-1"))[2] == b"new"
         assert (await h.http("DELETE", URL))[0] == 204
         await h.restart(crash=crash)
         status, headers, _ = await h.http("PUT", URL, headers=TEXT)
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(2 * HALF))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(FIRST + 4))
 
     run(tmp_path, body)
 
@@ -257,9 +258,9 @@ def test_cold_rows_carry_the_incarnation_and_reads_stitch_both_tiers(tmp_path: P
         assert h.slice_kinds("default", "hello") == ["ColdSlice", "HotSlice"]
         status, headers, raw = await h.http("GET", f"{URL}?offset=-1")
         assert (status, raw) == (200, b"new cold hot")
-        status, _, raw = await h.http("GET", f"{URL}?offset={format_offset(HALF + 2)}")
+        status, _, raw = await h.http("GET", f"{URL}?offset={format_offset(FIRST + 2)}")
         assert (status, raw) == (200, b"w cold hot")
-        await assert_refused_everywhere(h, URL, [format_offset(0), format_offset(8)], format_offset(HALF))
+        await assert_refused_everywhere(h, URL, [format_offset(0), format_offset(8)], format_offset(FIRST))
 
         # Any Parquet reader tells the two streams that held default/hello apart.
         rows = []
@@ -271,7 +272,7 @@ def test_cold_rows_carry_the_incarnation_and_reads_stitch_both_tiers(tmp_path: P
         for r in rows:
             assert (r["bucket"], r["stream"]) == ("default", "hello")
             by_incarnation.setdefault(r["incarnation"], []).append((r["start_offset"], r["end_offset"]))
-        assert by_incarnation == {0: [(0, 8), (8, 13), (13, 22)], 1: [(HALF, HALF + 3), (HALF + 3, HALF + 8)]}
+        assert by_incarnation == {0: [(0, 8), (8, 13), (13, 22)], 1: [(23, 26), (26, 31)]}
         report = await verify_cold(h.s.state, h.s.store)
         assert report.ok and report.objects == 2 and report.ranges == 1, report.errors
 
@@ -301,7 +302,7 @@ def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused(tmp_path: 
 
         # A plain stream may take the path (above its old offsets), and so may a fork of it elsewhere.
         assert (await h.http("PUT", URL, headers=TEXT, body="plain"))[0] == 201
-        await assert_refused_everywhere(h, URL, old, format_offset(HALF))
+        await assert_refused_everywhere(h, URL, old, format_offset(12))
 
         # A fork whose offsets all lie above the path's history may take a reused path.
         assert (await h.http("PUT", "/v1/stream/other", headers=TEXT, body="x"))[0] == 201
@@ -309,20 +310,13 @@ def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused(tmp_path: 
         status, headers, _ = await h.http(
             "PUT", "/v1/stream/other", headers={**TEXT, "Stream-Forked-From": URL}
         )
-        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(HALF + 5))
+        assert (status, headers["Stream-Next-Offset"]) == (201, format_offset(12 + 5))
         assert (await h.http("GET", "/v1/stream/other?offset=-1"))[2] == b"plain"
         await assert_refused_everywhere(
-            h, "/v1/stream/other", [format_offset(0), format_offset(1)], format_offset(HALF)
+            h, "/v1/stream/other", [format_offset(0), format_offset(1)], format_offset(12)
         )
 
     run(tmp_path, body)
-
-
-def test_offsets_parse_back_to_positions_above_every_old_one() -> None:
-    # The offset text keeps its shape: 16_16 digits, sorting as the positions do.
-    assert format_offset(HALF) == "0000000000000001_0000000000000000"
-    assert parse_offset(format_offset(3 * HALF + 42)) == 3 * HALF + 42
-    assert format_offset(HALF - 1) < format_offset(HALF) < format_offset(2 * HALF)
 
 
 # --------------------------------------------------------------------------- consumer groups
@@ -347,8 +341,8 @@ def test_a_consumer_group_reads_a_re_created_stream_from_its_start(tmp_path: Pat
             async with GroupConsumer(srv.url, "grp", "m1", wait_ms=500) as consumer:
                 batch = await asyncio.wait_for(consumer.__anext__(), 20)
                 assert (batch.offset, batch.next_offset, batch.data) == (
-                    format_offset(HALF),
-                    format_offset(HALF + 4),
+                    format_offset(5),
+                    format_offset(9),
                     b"new\n",
                 )
                 assert consumer.commit(batch)  # sent with the next heartbeat
@@ -356,7 +350,7 @@ def test_a_consumer_group_reads_a_re_created_stream_from_its_start(tmp_path: Pat
                 deadline = loop.time() + 20
                 while loop.time() < deadline:
                     _, _, raw = await asyncio.to_thread(request, "GET", f"{srv.url}/v1/groups/grp")
-                    if json.loads(raw)["targets"][0]["cursor"] == format_offset(HALF + 4):
+                    if json.loads(raw)["targets"][0]["cursor"] == format_offset(9):
                         return
                     await asyncio.sleep(0.05)
                 raise AssertionError(f"the commit never landed: {raw!r}")
@@ -432,7 +426,7 @@ def test_objects_of_both_formats_are_read_and_verified(tmp_path: Path) -> None:
         assert (await h.http("GET", f"{URL}?offset=-1"))[2] == b"second"  # the bytes themselves are fine
         report = await verify_cold(h.s.state, h.s.store)
         assert report.errors == [
-            f"{key}: default/hello [{HALF}, {HALF + 6}): rows are of incarnation 7, the stream is incarnation 1"
+            f"{key}: default/hello [22, 28): rows are of incarnation 7, the stream is incarnation 1"
         ]
 
     run(tmp_path, body)

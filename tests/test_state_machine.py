@@ -25,7 +25,16 @@ from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
 from tiered.journal.codec import Record, decode_record, encode_record
 from tiered.journal.snapshot import decode_snapshot, encode_snapshot
-from tiered.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, HotSlice, Stream
+from tiered.streams import lifecycle
+from tiered.streams.model import (
+    AppendRequest,
+    CreateRequest,
+    Duplicate,
+    ForkCopy,
+    ForkRequest,
+    HotSlice,
+    Stream,
+)
 from tiered.streams.records import (
     Appended,
     BucketCreated,
@@ -1014,6 +1023,128 @@ def test_replay_reproduces_a_mixed_history() -> None:
     assert read_through(snap, h.disk, snap.streams[f.uid], 0, f.tail) == b"abcdF"
 
 
+# --------------------------------------------------------------------------- incarnations: offsets never reused
+
+
+def test_a_path_created_again_starts_above_every_offset_it_issued() -> None:
+    h = Harness()
+    h.create("s", data=b"abc")
+    h.append("s", b"de")
+    assert h.stream("s").incarnation == 0 and h.state.path_history == {}
+    h.delete("s", now=1)
+    assert h.state.path_history == {(B, "s"): (1, 5)}  # one stream so far, which issued offsets up to 5
+    [created] = h.create("s", data=b"new", now=2)
+    assert isinstance(created, StreamCreated) and (created.fork_source, created.fork_offset) == (None, 6)
+    s = h.stream("s")
+    assert (s.incarnation, s.fork_offset, s.retained_from, s.cold_end, s.tail) == (1, 6, 6, 6, 9)
+    assert h.read(s, 6) == b"new"
+    appended = h.append("s", b"!")
+    assert isinstance(appended, Appended) and appended.offset == 9
+    # Every old offset is below the stream's first: the read path answers 410, saying why.
+    for old in range(6):
+        assert lifecycle.earlier_offset(h.state, s, old)
+    assert not lifecycle.earlier_offset(h.state, s, 6)
+    h.delete("s", now=3)
+    [created] = h.create("s", now=4)
+    assert isinstance(created, StreamCreated) and created.fork_offset == 11
+    assert h.stream("s").incarnation == 2 and h.state.path_history == {(B, "s"): (2, 10)}
+    assert fingerprint(h.replay()) == fingerprint(h.state)
+    assert fingerprint(decode_snapshot(encode_snapshot(h.state, LogPosition(1, 8)))[0]) == fingerprint(
+        h.state
+    )
+
+
+def test_an_expired_stream_replaced_by_a_create_counts_as_an_earlier_incarnation() -> None:
+    h = Harness()
+    h.create("t", data=b"12345", ttl_s=1, now=0)
+    records = h.create("t", data=b"x", now=1_000)  # expired: the create journals its expiry first
+    assert [type(r) for r in records] == [StreamExpired, StreamCreated]
+    s = h.stream("t")
+    assert (s.incarnation, s.fork_offset, s.tail) == (1, 6, 7)
+    assert h.state.path_history == {(B, "t"): (1, 5)}
+
+
+def test_a_soft_deleted_source_leaves_its_history_when_its_last_fork_goes() -> None:
+    h = Harness()
+    h.create("src", data=b"abcdef")
+    h.create("f", fork=h.fork_request("src", 4), data=b"XY")
+    h.delete("src")  # soft: the fork reads through it; the path stays blocked
+    assert h.state.path_history == {}
+    assert status_of(h.decide_create, "src") == 409
+    h.delete("f")  # the last fork: both go
+    assert h.state.path_history == {(B, "src"): (1, 6), (B, "f"): (1, 6)}
+    [created] = h.create("src")
+    assert isinstance(created, StreamCreated) and created.fork_offset == 7
+
+
+def test_an_erased_bucket_takes_its_paths_history_with_it() -> None:
+    h = Harness()
+    h.commit(h.state.decide_bucket("tmp", 0))
+    h.create("a", bucket="tmp", data=b"abc")
+    h.delete("a", bucket="tmp")
+    h.create("a", data=b"abc")
+    h.delete("a")
+    assert set(h.state.path_history) == {("tmp", "a"), (B, "a")}
+    h.commit([h.state.decide_erase_bucket("tmp", 1)])
+    assert set(h.state.path_history) == {(B, "a")}
+
+
+def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused() -> None:
+    h = Harness()
+    h.create("src", data=b"source")
+    h.create("p", data=b"old!")
+    h.delete("p")  # p issued offsets 0..4
+    journal = len(h.journal)
+    with pytest.raises(StreamError) as exc:
+        h.decide_create("p", fork=h.fork_request("src", 6))
+    assert exc.value.code is ErrorCode.PATH_OFFSETS_USED and http_status(exc.value) == 409
+    assert exc.value.context == {"fence": format_offset(4)}
+    # A copy from another shard starting at or below the fence too; above it, allowed.
+    copy = ForkCopy(b"ce", 4, DEFAULT_CONTENT_TYPE, None, None, None)
+    with pytest.raises(StreamError) as exc:
+        h.decide_create("p", fork=ForkRequest(None, 6, "src@6", copy))
+    assert exc.value.code is ErrorCode.PATH_OFFSETS_USED
+    assert len(h.journal) == journal and h.state.find(B, "p") is None
+    [created] = h.create(
+        "p", fork=ForkRequest(None, 7, "src@7", ForkCopy(b"x", 6, DEFAULT_CONTENT_TYPE, None, None, None))
+    )
+    assert isinstance(created, StreamCreated) and (created.fork_offset, created.data) == (6, b"x")
+    assert h.stream("p").retained_from == 6
+    # A plain stream takes such a path above its fence; a fork of it elsewhere keeps its offsets.
+    h.delete("p")
+    h.create("p", data=b"plain")
+    assert h.stream("p").fork_offset == 8
+    h.create("q", fork=h.fork_request("p", 10))
+    assert h.read("q", 8) == b"pl" and h.stream("q").retained_from == 8
+
+
+def test_a_fork_offset_below_the_sources_first_offset_is_400() -> None:
+    h = Harness()
+    h.create("src", data=b"abc")
+    h.delete("src")
+    h.create("src", data=b"defg")  # offsets 4..8
+    for offset, why in ((0, "earlier stream"), (3, "earlier stream")):
+        with pytest.raises(StreamError) as exc:
+            h.decide_create("f", fork=h.fork_request("src", offset))
+        assert exc.value.code is ErrorCode.BAD_REQUEST and why in exc.value.message
+    h.create("f", fork=h.fork_request("src", 4))
+    assert h.stream("f").tail == 4 and h.stream("f").retained_from == 4
+
+
+def test_a_path_created_again_thousands_of_times_keeps_working() -> None:
+    """One above the fence, not a fresh 10^16 block each time: offsets stay far inside 64 bits."""
+    h = Harness()
+    for i in range(3_000):
+        h.create("churn", data=b"x" * (i % 5), now=i)
+        h.delete("churn", now=i)
+    s_history = h.state.path_history[(B, "churn")]
+    assert s_history.incarnations == 3_000
+    h.create("churn", data=b"last", now=3_000)
+    s = h.stream("churn")
+    assert s.incarnation == 3_000 and s.fork_offset == s_history.fence + 1 < 2**40
+    assert h.read(s, s.fork_offset) == b"last"
+
+
 # --------------------------------------------------------------------------- property: model-based
 
 
@@ -1174,8 +1305,8 @@ class Runner:
             assert existing is not None
             incarnation = existing.incarnation + 1
             fence = existing.tail if fence is None else max(fence, existing.tail)
-        # A plain stream starts at the next multiple of 10^16 above every offset the path issued.
-        base = 0 if fence is None else (fence // 10**16 + 1) * 10**16
+        # A plain stream starts one above every offset the path issued.
+        base = 0 if fence is None else fence + 1
         if expected == "created" and src is not None and freq is not None:
             base = src.base  # a fork keeps its source's offsets
             if ct is not None and media_type(ct) != media_type(src.content_type):

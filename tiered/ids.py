@@ -7,11 +7,12 @@ they sort lexicographically. A position never changes when data moves between
 tiers, and forks share their source's offset space.
 
 Offsets are never reused at a path: a stream created where an earlier one was
-deleted or expired starts at ``first_offset_above`` of the highest offset the
-path ever issued, the next multiple of 10^16. For a path that only held plain
-streams, the offset's high 16 digits are then the stream's incarnation (0 for
-the first, whose offsets are unchanged); an old offset is below the new
-stream's first one, so reads refuse it as gone instead of serving new bytes.
+deleted or expired starts one above the highest offset the path ever issued
+(``tiered.streams.lifecycle``), so every old offset is below the new stream's
+first one and reads refuse it as gone instead of serving new bytes. (Not at
+the next multiple of 10^16, which would show the incarnation in the high half:
+about 920 re-creations of one path would overflow the signed 64-bit offsets of
+hot chunk arrays and Parquet columns.)
 """
 
 from __future__ import annotations
@@ -29,16 +30,6 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 # object metadata: no C0/C1 control characters, backslashes, or "." / ".." segments.
 _SEGMENT_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f/\\]+")
 MAX_STREAM_PATH = 1024
-
-
-def first_offset_above(fence: int) -> int:
-    """The first offset of a new stream at a path whose earlier streams issued offsets up to ``fence``.
-
-    The next multiple of 10^16 (one more in the offset's high half): every
-    old offset is below it, and a stream never grows 10^16 bytes in practice,
-    so the high half keeps counting incarnations.
-    """
-    return (fence // _HALF + 1) * _HALF
 
 
 def format_offset(pos: int) -> str:

@@ -5,9 +5,10 @@ or raise ``TieredError`` having changed nothing; ``apply_*`` move the state.
 
 Offsets are never reused at a path (protocol section 4). When a stream leaves
 its path (deleted, expired, its bucket erased), the path's ``PathHistory``
-keeps how many streams it held and the highest offset they issued. The next
-stream there is its next *incarnation*: a plain stream starts at
-``first_offset_above`` that fence (``StreamCreated.fork_offset`` carries it, so
+keeps how many streams it held and the highest offset they issued (the
+*fence*: the last stream's final tail, which readers were given as their next
+offset). The next stream there is its next *incarnation*: a plain stream
+starts one above the fence (``StreamCreated.fork_offset`` carries it, so
 replay needs nothing else); a fork keeps its source's offsets, so it may take
 the path only if it serves none at or below the fence (``PATH_OFFSETS_USED``
 otherwise). Old offsets are then below everything the new stream serves: reads
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tiered.content import DEFAULT_CONTENT_TYPE, media_type
 from tiered.errors import ErrorCode, TieredError
-from tiered.ids import DEFAULT_BUCKET, first_offset_above, format_offset
+from tiered.ids import DEFAULT_BUCKET, format_offset
 
 from . import release
 from .model import CreateRequest, PathHistory, Stream
@@ -103,10 +104,14 @@ def earlier_offset(state: StreamState, s: Stream, offset: int) -> bool:
 def check_fork_offset(state: StreamState, source: Stream, offset: int) -> None:
     """A fork point must be an offset of the source: not below its first one, not beyond its tail."""
     if offset < first_offset(state, source):
+        fence = path_fence(state, source.bucket, source.path)
+        whose = (
+            "it belongs to an earlier stream at that path (deleted or expired, then created again)"
+            if fence is not None and offset <= fence
+            else "the source never had it"
+        )
         raise TieredError(
-            ErrorCode.BAD_REQUEST,
-            "Stream-Fork-Offset is below the source stream's first offset: it belongs to an earlier "
-            "stream at that path (deleted or expired, then created again)",
+            ErrorCode.BAD_REQUEST, f"Stream-Fork-Offset is below the source stream's first offset: {whose}"
         )
     if offset > source.tail:
         raise TieredError(ErrorCode.OFFSET_BEYOND_TAIL, "fork offset is beyond the source stream's tail")
@@ -139,7 +144,7 @@ def decide_create(
     content_type = req.content_type
     ttl_s, expires_at, expires_at_ms = req.ttl_s, req.expires_at, req.expires_at_ms
     fork_source_uid: int | None = None
-    fork_offset = 0 if fence is None else first_offset_above(fence)
+    fork_offset = 0 if fence is None else fence + 1  # above every offset an earlier stream here issued
     fork_spec: str | None = None
     lowest = fork_offset  # the lowest offset the new stream will serve
     if req.fork is not None and source is not None:
