@@ -1064,6 +1064,20 @@ def test_an_expired_stream_replaced_by_a_create_counts_as_an_earlier_incarnation
     assert h.state.path_history == {(B, "t"): (1, 5)}
 
 
+def test_an_expired_stream_that_forks_still_read_gives_up_its_path_to_the_new_one() -> None:
+    h = Harness()
+    h.create("src", data=b"abcdef", ttl_s=1, now=0)
+    h.create("f", fork=h.fork_request("src", 3), ttl_s=3_600, now=0)
+    records = h.create("src", data=b"new", now=1_000)  # src expired: soft-deleted, f still reads it
+    assert [type(r) for r in records] == [StreamExpired, StreamCreated]
+    s = h.stream("src")
+    assert (s.incarnation, s.fork_offset) == (1, 7) and h.state.path_history == {(B, "src"): (1, 6)}
+    assert h.read("f") == b"abc"
+    h.delete("f", now=1_000)  # the old source goes with its last fork; the path is the new stream's
+    assert h.state.path_history == {(B, "src"): (1, 6), (B, "f"): (1, 3)}
+    assert h.stream("src") is s and fingerprint(h.replay()) == fingerprint(h.state)
+
+
 def test_a_soft_deleted_source_leaves_its_history_when_its_last_fork_goes() -> None:
     h = Harness()
     h.create("src", data=b"abcdef")
@@ -1339,6 +1353,9 @@ class Runner:
             assert existing is not None
             event("expired stream replaced" + (" (soft, has forks)" if existing.forks else ""))
             m.kill(existing)
+            if m.paths.get(path) == existing.uid:  # soft-deleted: it gives up its path to the new stream
+                _, old_fence = m.history.get(path, (0, -1))
+                m.history[path] = (existing.incarnation + 1, max(old_fence, existing.tail))
         assert created.fork_offset == (freq.offset if freq is not None else base)
         if src is not None and freq is not None:
             prefix = bytes(src.content[: freq.offset - src.base])

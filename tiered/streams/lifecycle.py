@@ -235,6 +235,11 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
         last_access_ms=record.ts_ms,
         touch_journaled_ms=record.ts_ms,
     )
+    held = state.paths.get((s.bucket, s.path))
+    if held is not None:
+        # An expired stream that forks still read (soft-deleted by this create's expiry record) gives
+        # up its path now, not when its last fork goes.
+        _leave_history(state, state.streams[held])
     history = state.path_history.get((s.bucket, s.path))
     if history is not None:
         s.incarnation = history.incarnations
