@@ -58,11 +58,16 @@ class ChunkRange(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class StreamIndex(msgspec.Struct, frozen=True, array_like=True):
-    """Where one stream's data lives in the object: ranges in offset order."""
+    """Where one stream's data lives in the object: ranges in offset order.
+
+    ``incarnation``: which of the streams the path held (0: its first); None for
+    an object of format 1, written before incarnations were recorded.
+    """
 
     bucket: str
     stream: str
     ranges: tuple[ChunkRange, ...]
+    incarnation: int | None = None
 
     @property
     def start_offset(self) -> int:

@@ -215,7 +215,9 @@ class ColdFlusher:
             for start, length, seg, pos, ts in p.chunks:
                 try:
                     loaded.append(
-                        ColdRecord(s.bucket, s.path, start, start + length, ts, read(seg, pos, length))
+                        ColdRecord(
+                            s.bucket, s.path, start, start + length, ts, read(seg, pos, length), s.incarnation
+                        )
                     )
                 except DamagedRecordError as exc:
                     self.damaged[s.uid] = start

@@ -5,6 +5,7 @@ Schema (exact; every column is REQUIRED / ``not null``)::
     column          arrow type   parquet physical / logical   notes
     bucket          string       BYTE_ARRAY / STRING          dictionary encoded
     stream          string       BYTE_ARRAY / STRING          dictionary encoded
+    incarnation     int64        INT64                        which stream at that path (0: its first)
     start_offset    int64        INT64                        first byte offset of the record
     end_offset      int64        INT64                        start_offset + len(payload)
     append_time_ms  int64        INT64                        unix epoch milliseconds
@@ -13,11 +14,19 @@ Schema (exact; every column is REQUIRED / ``not null``)::
 ``append_time_ms`` is a plain int64 rather than ``timestamp[ms]`` so that every
 reader sees the same integer the hot tier stored, with no timezone/unit coercion.
 
+``incarnation`` tells apart the streams a path held one after another (deleted
+or expired, then created again); their offsets never overlap either (see
+``tiered.ids``). Objects of format version 1 have no such column: their rows
+read as incarnation 0, and their index records none (``StreamIndex.incarnation``
+is None), since a path re-created before incarnations were counted may hold a
+later stream's rows there.
+
 Layout rules:
 
-* Rows are sorted by ``(bucket, stream, start_offset)`` (ties, which only zero-length
-  records can produce, by ``end_offset``); the footer declares this via
-  ``sorting_columns``. Records of one stream are contiguous in offset.
+* Rows are sorted by ``(bucket, stream, incarnation, start_offset)`` (ties, which only
+  zero-length records can produce, by ``end_offset``); the footer declares this via
+  ``sorting_columns``. An object holds one incarnation of a path at most, and its
+  records are contiguous in offset.
 * zstd compression by default; min/max statistics are written for every column
   except ``payload`` (payload statistics are useless and would bloat the footer
   that every read fetches). ``bucket``/``stream`` are dictionary encoded.
@@ -26,7 +35,8 @@ Layout rules:
   stream shares its row groups, so reading it never decodes foreign rows. Small
   streams are packed together and never split, so reading one costs exactly one
   row group. A record larger than ``row_group_bytes`` gets a row group of its own.
-* The footer carries the key/value pair ``tiered.cold_chunk.version = 1``.
+* The footer carries the key/value pair ``tiered.cold_chunk.version = 2`` (``1``: the
+  schema without ``incarnation``, still read).
 
 ``encode_chunk`` returns the file bytes plus a ``ChunkIndex`` (msgspec, array-like)
 that the service persists in its metadata journal. With it a read plans exact
@@ -71,6 +81,7 @@ CHUNK_SCHEMA = pa.schema(
     [
         pa.field("bucket", pa.string(), nullable=False),
         pa.field("stream", pa.string(), nullable=False),
+        pa.field("incarnation", pa.int64(), nullable=False),
         pa.field("start_offset", pa.int64(), nullable=False),
         pa.field("end_offset", pa.int64(), nullable=False),
         pa.field("append_time_ms", pa.int64(), nullable=False),
@@ -78,25 +89,29 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 
-FORMAT_KEY = b"tiered.cold_chunk.version"
-FORMAT_VERSION = b"1"
+#: Objects written before incarnations were recorded (format version 1): the same without that column.
+LEGACY_SCHEMA = pa.schema([f for f in CHUNK_SCHEMA if f.name != "incarnation"])
 
-_STAT_COLUMNS = ["bucket", "stream", "start_offset", "end_offset", "append_time_ms"]
+FORMAT_KEY = b"tiered.cold_chunk.version"
+FORMAT_VERSION = b"2"
+_SCHEMAS = {FORMAT_VERSION: CHUNK_SCHEMA, b"1": LEGACY_SCHEMA}
+
+_STAT_COLUMNS = ["bucket", "stream", "incarnation", "start_offset", "end_offset", "append_time_ms"]
 _DICT_COLUMNS = ["bucket", "stream"]
 _READ_COLUMNS = ["start_offset", "end_offset", "payload"]
-_KEY_COLUMNS = ["bucket", "stream", "start_offset", "end_offset"]
+_KEY_COLUMNS = ["bucket", "stream", "incarnation", "start_offset", "end_offset"]
 _MAGIC = b"PAR1"
 _TRAILER = 8  # 4-byte little-endian footer length + magic
 
 # Sort key for rows; end_offset breaks ties between zero-length records.
-_SORT_KEY = attrgetter("bucket", "stream", "start_offset", "end_offset")
+_SORT_KEY = attrgetter("bucket", "stream", "incarnation", "start_offset", "end_offset")
 
 
 # --------------------------------------------------------------------------- model
 
 
 class ColdRecord(msgspec.Struct, frozen=True, gc=False):
-    """One appended record: bytes ``[start_offset, end_offset)`` of ``bucket/stream``."""
+    """One appended record: bytes ``[start_offset, end_offset)`` of ``bucket/stream``'s incarnation."""
 
     bucket: str
     stream: str
@@ -104,6 +119,7 @@ class ColdRecord(msgspec.Struct, frozen=True, gc=False):
     end_offset: int
     append_time_ms: int
     payload: bytes
+    incarnation: int = 0
 
 
 # -------------------------------------------------------------------------- writer
@@ -118,8 +134,9 @@ def encode_chunk(
     """Encode records into one Parquet object and return ``(file_bytes, index)``.
 
     Records may arrive in any order; they are sorted here. Raises ValueError for
-    empty input, a payload whose length disagrees with its offsets, or a stream
-    whose records are not contiguous (the index relies on contiguity).
+    empty input, a payload whose length disagrees with its offsets, a stream
+    whose records are not contiguous (the index relies on contiguity), or two
+    incarnations of one stream (the index names a stream by bucket and path).
     """
     if row_group_bytes <= 0:
         raise ValueError(f"row_group_bytes must be positive, got {row_group_bytes}")
@@ -129,7 +146,10 @@ def encode_chunk(
     runs = _stream_runs(rows)
     groups = _plan_row_groups(rows, runs, row_group_bytes)
     data = _write_parquet(rows, groups, compression)
-    keys = ([(r.bucket, r.stream, r.start_offset, r.end_offset) for r in rows[a:b]] for a, b in groups)
+    keys = (
+        [(r.bucket, r.stream, r.incarnation, r.start_offset, r.end_offset) for r in rows[a:b]]
+        for a, b in groups
+    )
     return data, _build_index(data, pq.read_metadata(pa.BufferReader(data)), keys)
 
 
@@ -149,6 +169,11 @@ def _stream_runs(rows: Sequence[ColdRecord]) -> list[tuple[int, int, int]]:
                 f"do not match a {size}-byte payload"
             )
         if prev is not None and prev.stream == rec.stream and prev.bucket == rec.bucket:
+            if rec.incarnation != prev.incarnation:
+                raise ValueError(
+                    f"{rec.bucket}/{rec.stream}: incarnations {prev.incarnation} and {rec.incarnation} "
+                    "in one object"
+                )
             if rec.start_offset != prev.end_offset:
                 raise ValueError(
                     f"{rec.bucket}/{rec.stream}: records not contiguous "
@@ -209,7 +234,7 @@ def _write_parquet(rows: Sequence[ColdRecord], groups: Iterable[tuple[int, int]]
         use_dictionary=_DICT_COLUMNS,
         write_statistics=_STAT_COLUMNS,
         store_schema=False,  # plain Parquet types already round-trip; keeps the footer small
-        sorting_columns=[pq.SortingColumn(i) for i in range(3)],
+        sorting_columns=[pq.SortingColumn(i) for i in range(4)],
         write_page_checksum=True,  # CRC32 per page: `tiered verify` detects bit rot
     )
     try:
@@ -228,6 +253,7 @@ def _group_table(rows: Sequence[ColdRecord]) -> pa.Table:
         [
             pa.array([r.bucket for r in rows], pa.string()),
             pa.array([r.stream for r in rows], pa.string()),
+            pa.array([r.incarnation for r in rows], pa.int64()),
             pa.array([r.start_offset for r in rows], pa.int64()),
             pa.array([r.end_offset for r in rows], pa.int64()),
             pa.array([r.append_time_ms for r in rows], pa.int64()),
@@ -240,40 +266,42 @@ def _group_table(rows: Sequence[ColdRecord]) -> pa.Table:
 # --------------------------------------------------------------------------- index
 
 
-def _build_index(
-    data: bytes,
-    metadata: pq.FileMetaData,
-    group_keys: Iterable[Iterable[tuple[str, str, int, int]]],
-) -> ChunkIndex:
-    """Combine footer byte ranges with per-row-group ``(bucket, stream, start, end)`` rows."""
+Key = tuple[str, str, int | None, int, int]  # bucket, stream, incarnation (None: format 1), start, end
+
+
+def _build_index(data: bytes, metadata: pq.FileMetaData, group_keys: Iterable[Iterable[Key]]) -> ChunkIndex:
+    """Combine footer byte ranges with per-row-group ``(bucket, stream, incarnation, start, end)`` rows."""
     file_size = len(data)
     footer_length = _footer_length(data)
     spans = tuple(_row_group_span(metadata.row_group(g), data) for g in range(metadata.num_row_groups))
     streams: dict[tuple[str, str], list[ChunkRange]] = {}
+    incarnations: dict[tuple[str, str], int | None] = {}
     seen = 0
     for g, keys in enumerate(group_keys):
-        for key, rng in _group_segments(g, keys):
-            streams.setdefault(key, []).append(rng)
+        for (bucket, stream, incarnation), rng in _group_segments(g, keys):
+            if incarnations.setdefault((bucket, stream), incarnation) != incarnation:
+                raise ValueError(f"{bucket}/{stream}: more than one incarnation in one object")
+            streams.setdefault((bucket, stream), []).append(rng)
         seen = g + 1
     if seen != len(spans) or not streams:
         raise ValueError(f"{seen} row groups of rows but the footer lists {len(spans)}")
-    entries = tuple(StreamIndex(b, s, tuple(r)) for (b, s), r in streams.items())
+    entries = tuple(StreamIndex(b, s, tuple(r), incarnations[(b, s)]) for (b, s), r in streams.items())
     footer_crc = google_crc32c.value(data[file_size - footer_length :])
     return ChunkIndex(file_size, footer_length, spans, entries, footer_crc)
 
 
 def _group_segments(
-    group: int, keys: Iterable[tuple[str, str, int, int]]
-) -> Iterator[tuple[tuple[str, str], ChunkRange]]:
-    """Yield ``((bucket, stream), ChunkRange)`` per stream present in a row group, in row order."""
-    cur: tuple[str, str] | None = None
+    group: int, keys: Iterable[Key]
+) -> Iterator[tuple[tuple[str, str, int | None], ChunkRange]]:
+    """Yield ``((bucket, stream, incarnation), ChunkRange)`` per stream in a row group, in row order."""
+    cur: tuple[str, str, int | None] | None = None
     first_row = seg_start = seg_end = 0
     row = -1
-    for row, (bucket, stream, start, end) in enumerate(keys):
-        if (bucket, stream) != cur:
+    for row, (bucket, stream, incarnation, start, end) in enumerate(keys):
+        if (bucket, stream, incarnation) != cur:
             if cur is not None:
                 yield cur, ChunkRange(seg_start, seg_end, group, first_row, row - first_row)
-            cur, first_row, seg_start = (bucket, stream), row, start
+            cur, first_row, seg_start = (bucket, stream, incarnation), row, start
         seg_end = end
     if cur is not None:
         yield cur, ChunkRange(seg_start, seg_end, group, first_row, row + 1 - first_row)
@@ -301,30 +329,37 @@ def _row_group_span(rg: pq.RowGroupMetaData, data: bytes) -> RowGroupSpan:
 
 def rebuild_index(data: bytes) -> ChunkIndex:
     """Recompute the index of an existing object (for verify/repair tools)."""
-    pf = _open_whole(data)
-    group_keys = (
-        zip(*(t.column(c).to_pylist() for c in _KEY_COLUMNS), strict=True)
-        for t in (pf.read_row_group(g, columns=_KEY_COLUMNS) for g in range(pf.num_row_groups))
-    )
+    pf, legacy = _open_whole(data)
+    columns = [c for c in _KEY_COLUMNS if not (legacy and c == "incarnation")]
+
+    def keys(t: pa.Table) -> Iterator[Key]:
+        values = [t.column(c).to_pylist() for c in columns]
+        if legacy:
+            values.insert(2, [None] * t.num_rows)
+        return zip(*values, strict=True)
+
+    group_keys = (keys(pf.read_row_group(g, columns=columns)) for g in range(pf.num_row_groups))
     return _build_index(data, pf.metadata, group_keys)
 
 
 def iter_records(data: bytes) -> Iterator[ColdRecord]:
-    """Decode a whole object row group by row group, in stored (sorted) order."""
-    pf = _open_whole(data)
+    """Decode a whole object row group by row group, in stored (sorted) order (format 1: incarnation 0)."""
+    pf, _ = _open_whole(data)
     for g in range(pf.num_row_groups):
-        cols = pf.read_row_group(g).to_pydict()
-        for values in zip(*(cols[name] for name in CHUNK_SCHEMA.names), strict=True):
-            yield ColdRecord(*values)
+        for row in pf.read_row_group(g).to_pylist():
+            yield ColdRecord(**row)
 
 
-def _open_whole(data: bytes) -> pq.ParquetFile:
+def _open_whole(data: bytes) -> tuple[pq.ParquetFile, bool]:
+    """The object opened for whole reads, and whether it is of format 1 (no incarnation column)."""
     pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
-    if (pf.metadata.metadata or {}).get(FORMAT_KEY) != FORMAT_VERSION:
+    version: bytes | None = (pf.metadata.metadata or {}).get(FORMAT_KEY)
+    schema = _SCHEMAS.get(version) if version is not None else None
+    if version is None or schema is None:
         raise ValueError("not a tiered cold chunk (format marker missing or unsupported)")
-    if not pf.schema_arrow.equals(CHUNK_SCHEMA):
-        raise ValueError(f"unexpected cold chunk schema: {pf.schema_arrow}")
-    return pf
+    if not pf.schema_arrow.equals(schema):
+        raise ValueError(f"unexpected cold chunk schema for format {version.decode()}: {pf.schema_arrow}")
+    return pf, schema is LEGACY_SCHEMA
 
 
 # -------------------------------------------------------------------------- reader

@@ -230,6 +230,60 @@ def test_a_locator_is_not_used_after_its_validity(pair: tuple[Node, Node]) -> No
     assert status == 404 and headers.get("Tiered-Served-By") is None
 
 
+def test_a_stream_created_again_through_the_non_owner_never_reuses_an_offset(pair: tuple[Node, Node]) -> None:
+    """Delete and create again through the node that does not own the shard: the owner starts the new
+    stream above the old offsets; the non-owner's locators of the old stream cover only old offsets, so
+    old offsets get the owner's 410 (once the old locator expired) and never the new stream's bytes."""
+    owner, other = pair
+    path = f"/v1/buckets/{BUCKET}/stream/{unique('again')}"
+    octet = {**OPERATOR, "Content-Type": "application/octet-stream"}
+    old_bytes = [os.urandom(3000) for _ in range(4)]
+    assert request("PUT", other.url + path, octet)[0] == 201
+    for chunk in old_bytes:
+        assert request("POST", other.url + path, octet, chunk)[0] == 204
+    reader = bearer(owner.jwt(f"tiered:{BUCKET}:read"))
+    _wait_cold(other, path, reader)  # the non-owner now holds a locator of the first stream
+    old = [0, CHUNK, 12000]
+
+    assert request("DELETE", other.url + path, OPERATOR)[0] == 204
+    new_bytes = [os.urandom(3000) for _ in range(4)]
+    status, headers, body = request("PUT", other.url + path, octet, new_bytes[0])
+    assert status == 201, body
+    first = 12001  # the path's second stream starts above the first one's 0..12000
+    assert headers["Stream-Next-Offset"] == format_offset(first + 3000)
+    for chunk in new_bytes[1:]:
+        assert request("POST", other.url + path, octet, chunk)[0] == 204
+    status, headers, _ = request("HEAD", other.url + path, reader)
+    assert status == 200 and headers["Stream-Retained-Offset"] == format_offset(first)
+    assert headers["Stream-Next-Offset"] == format_offset(first + 12000)
+
+    # Before the old locator expires, an old offset may still get the old stream's bytes (a cache, as
+    # documented); never the new stream's.
+    new_data = b"".join(new_bytes)
+    for offset in old:
+        status, _, body = _get(other.url + path, offset, reader)
+        assert status == 410 or (status == 200 and body == b"".join(old_bytes)[offset : offset + CHUNK])
+        assert new_data[:64] not in body
+    time.sleep(LOCATOR_TTL + 0.2)
+    for offset in old:
+        for url in (owner.url, other.url):
+            status, headers, body = _get(url + path, offset, reader)
+            assert status == 410, (url, offset, body)
+            assert json.loads(body)["error"]["code"] == "OFFSET_GONE"
+            assert headers["Stream-Next-Offset"] == format_offset(first)
+    # The new stream reads from its own offsets through the non-owner, from the store once cold.
+    deadline = time.monotonic() + 30
+    while True:
+        status, headers, body = _get(other.url + path, first, reader)
+        assert status == 200 and body == new_data[:CHUNK], body[:100]
+        if headers.get("Tiered-Served-By") == "n2" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert headers.get("Tiered-Served-By") == "n2"
+    status, _, body = request("GET", f"{other.url}{path}?offset=-1", reader)
+    assert status == 200 and body == new_data[:CHUNK]
+
+
 def test_unauthorized_catch_up_reads_are_refused_as_the_owner_refuses_them(pair: tuple[Node, Node]) -> None:
     owner, other = pair
     path, reader = _stream(pair, "application/octet-stream", [os.urandom(3000) for _ in range(4)])

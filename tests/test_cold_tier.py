@@ -55,6 +55,7 @@ SCHEMA = pa.schema(  # the documented cold-object format: every column REQUIRED
     [
         pa.field("bucket", pa.string(), nullable=False),
         pa.field("stream", pa.string(), nullable=False),
+        pa.field("incarnation", pa.int64(), nullable=False),
         pa.field("start_offset", pa.int64(), nullable=False),
         pa.field("end_offset", pa.int64(), nullable=False),
         pa.field("append_time_ms", pa.int64(), nullable=False),
@@ -397,6 +398,7 @@ def test_parquet_objects_hold_exactly_the_served_bytes(local_cluster: Cluster) -
         ):
             assert end - start == len(payload), name
             assert abs(ts - time.time() * 1000) < 3_600_000, ts  # epoch milliseconds
+        assert set(cols["incarnation"]) == {0}, name  # every path here holds its first stream
     rows = rows_by_stream(tables)
     assert set(rows) == {(m.bucket, m.name) for m in models}, "cold objects hold unknown or missing streams"
     assert ("default", "nested/path/bin-00") in rows and ("cold-bucket", "other-bucket-stream") in rows

@@ -47,6 +47,7 @@ from tests.gc_support import (
     object_files,
     segment_ids,
 )
+from tiered.errors import ErrorCode
 from tiered.errors import TieredError as StreamError
 
 pytestmark = pytest.mark.timeout(300)
@@ -76,13 +77,22 @@ class Rec:
 class MStream:
     bucket: str
     path: str
-    data: bytearray
+    data: bytearray  # the bytes from offset ``base`` on
     ttl_s: int | None
     last_access: int
     created: int
     records: list[Rec] = field(default_factory=list)  # a fork's inherited range is its first "record"
     retained: int = 0
     policy: tuple[int | None, int | None] = (None, None)
+    base: int = 0  # the first offset: above every offset its path issued before (a fork: its source's)
+
+    @property
+    def tail(self) -> int:
+        return self.base + len(self.data)
+
+    def at(self, offset: int) -> int:
+        """The index in ``data`` of a stream offset."""
+        return offset - self.base
 
 
 class Model:
@@ -92,6 +102,12 @@ class Model:
         self.erased: set[str] = set()
         self.bucket_policy: dict[str, tuple[int | None, int | None]] = {}
         self.counter = 0
+        self.fence: dict[tuple[str, str], int] = {}  # the highest offset each path issued before
+
+    def next_base(self, bucket: str, path: str) -> int:
+        """Where a plain stream created at the path starts: one above every offset it issued before."""
+        fence = self.fence.get((bucket, path))
+        return 0 if fence is None else fence + 1
 
     def live(self, now: int) -> list[MStream]:
         return [s for s in self.streams if not self.expired(s, now)]
@@ -109,6 +125,8 @@ class Model:
     def drop(self, s: MStream) -> None:
         self.streams.remove(s)
         self.gone.append((s.bucket, s.path))
+        key = (s.bucket, s.path)
+        self.fence[key] = max(self.fence.get(key, -1), s.tail)
 
     def payload(self, n: int) -> bytes:
         self.counter += 1
@@ -175,10 +193,10 @@ class Run:
         svc = self.h.s
         for ms in self.m.live(now):
             s = svc.streams.lookup(ms.bucket, ms.path)
-            assert s.tail == len(ms.data), (ms.bucket, ms.path, s.tail, len(ms.data))
+            assert s.tail == ms.tail, (ms.bucket, ms.path, s.tail, ms.tail)
             assert s.retained_from == ms.retained, (ms.bucket, ms.path, s.retained_from, ms.retained)
             got = await svc.streams.read(s, ms.retained, svc.streams.view(s).tail)
-            assert got == bytes(ms.data[ms.retained :]), (ms.bucket, ms.path, "bytes differ")
+            assert got == bytes(ms.data[ms.at(ms.retained) :]), (ms.bucket, ms.path, "bytes differ")
         live = {(s.bucket, s.path) for s in self.m.live(now)}
         for bucket, path in self.m.gone + [
             (s.bucket, s.path) for s in self.m.streams if self.m.expired(s, now)
@@ -195,11 +213,11 @@ class Run:
             old = ms.retained
             s = self.h.s.streams.lookup(ms.bucket, ms.path)
             new = s.retained_from
-            assert old <= new <= len(ms.data), (ms.path, old, new)
+            assert old <= new <= ms.tail, (ms.path, old, new)
             age, size = self.m.effective_policy(ms)
             if new != old:
                 assert age is not None or size is not None, (ms.path, "moved without a policy")
-                boundaries = {old, len(ms.data)} | {r.start for r in ms.records} | {r.end for r in ms.records}
+                boundaries = {old, ms.tail} | {r.start for r in ms.records} | {r.end for r in ms.records}
                 assert new in boundaries, (ms.path, new, "not a record boundary")
             if age is not None and size is None:  # (with both, the byte limit may release more)
                 cutoff = now - age
@@ -208,8 +226,8 @@ class Run:
                         assert new <= r.start, (ms.path, "released a record younger than the age limit")
             if size is not None:
                 # At least the newest `size` bytes stay: the greatest record boundary at or below the target.
-                target = len(ms.data) - size
-                boundaries = {old, len(ms.data)} | {r.start for r in ms.records} | {r.end for r in ms.records}
+                target = ms.tail - size
+                boundaries = {old, ms.tail} | {r.start for r in ms.records} | {r.end for r in ms.records}
                 want = old if target <= old else max(b for b in boundaries if old <= b <= target)
                 if age is None:
                     assert new == want, (
@@ -266,10 +284,12 @@ class Run:
             if old is not None:
                 m.drop(old)  # expired; the create journals its expiry first
             data = m.payload(n) if n else b""
-            await self.h.create(bucket, path, data, ttl_s=ttl)
-            ms = MStream(bucket, path, bytearray(data), ttl, now, now)
+            s = await self.h.create(bucket, path, data, ttl_s=ttl)
+            base = m.next_base(bucket, path)
+            assert s.fork_offset == base, (bucket, path, s.fork_offset, base)
+            ms = MStream(bucket, path, bytearray(data), ttl, now, now, retained=base, base=base)
             if data:
-                ms.records.append(Rec(0, len(data), now))
+                ms.records.append(Rec(base, base + len(data), now))
             m.streams.append(ms)
         elif kind == "append":
             _, i, n = op
@@ -277,10 +297,10 @@ class Run:
             if ms is None:
                 return
             data = m.payload(n)
-            start = len(ms.data)
+            start = ms.tail
             await self.h.append(ms.bucket, ms.path, data)
             ms.data += data
-            ms.records.append(Rec(start, len(ms.data), now))
+            ms.records.append(Rec(start, ms.tail, now))
             ms.last_access = now
         elif kind == "bulk":  # enough data to roll hot segments (1 MiB each)
             ms = self.pick(op[1])
@@ -288,10 +308,10 @@ class Run:
                 return
             for _ in range(5):
                 data = m.payload(250_000)
-                start = len(ms.data)
+                start = ms.tail
                 await self.h.append(ms.bucket, ms.path, data)
                 ms.data += data
-                ms.records.append(Rec(start, len(ms.data), now))
+                ms.records.append(Rec(start, ms.tail, now))
             ms.last_access = now
         elif kind == "fork":
             _, i, b, p, permille = op
@@ -299,18 +319,30 @@ class Run:
             bucket, path = BUCKETS[b], PATHS[p]
             if src is None or bucket in m.erased or not self.path_free(bucket, path):
                 return
-            if src.retained > 0:
+            if src.retained > src.base:
                 return  # the known bug of test_fork_below_the_source_retention_* (test_gc_retention.py)
             old = m.find(bucket, path)
             if old is src:
                 return
+            fence = m.fence.get((bucket, path))
+            if old is not None:
+                fence = max(old.tail, -1 if fence is None else fence)
+            offset = src.base + len(src.data) * permille // 1000
+            if fence is not None and src.base <= fence:
+                # The fork would serve offsets the path issued before: refused, nothing changes.
+                with pytest.raises(StreamError) as err:
+                    await self.h.create(bucket, path, fork_from=(src.bucket, src.path), fork_offset=offset)
+                assert err.value.code is ErrorCode.PATH_OFFSETS_USED
+                return
             if old is not None:
                 m.drop(old)
-            offset = len(src.data) * permille // 1000
             await self.h.create(bucket, path, fork_from=(src.bucket, src.path), fork_offset=offset)
-            ms = MStream(bucket, path, bytearray(src.data[:offset]), src.ttl_s, now, now)
-            if offset:
-                ms.records.append(Rec(0, offset, now))  # inherited: one unit, as old as the fork
+            inherited = src.data[: src.at(offset)]
+            ms = MStream(
+                bucket, path, bytearray(inherited), src.ttl_s, now, now, retained=src.base, base=src.base
+            )
+            if offset > src.base:
+                ms.records.append(Rec(src.base, offset, now))  # inherited: one unit, as old as the fork
             m.streams.append(ms)
         elif kind == "flush":
             await self.h.flush()
@@ -319,7 +351,7 @@ class Run:
             ms = self.pick(i)
             if ms is None:
                 return
-            offset = len(ms.data) * permille // 1000
+            offset = ms.base + len(ms.data) * permille // 1000
             s = await svc.streams.retain_from(ms.bucket, ms.path, offset)
             ms.retained = max(ms.retained, offset)
             assert s.retained_from == ms.retained
@@ -434,7 +466,7 @@ async def run_sequence(data_dir: Path, sequence: list[tuple]) -> None:  # type: 
         await r.finish()
     except BaseException:
         print("steps:\n  " + "\n  ".join(r.log))
-        if r.h.svc is not None:
+        if r.h.node is not None:
             await r.h.crash()
         raise
 

@@ -477,9 +477,14 @@ class GroupMachine(RuleBasedStateMachine):
         commits, releases, expected = [], [], {}
         for a in c.view["assignments"]:
             tail = self.stream_tail(a["stream"])
-            cursor = parse_offset(a["cursor"])
             if tail is None:
                 continue
+            if a["cursor"] == "-1":  # nothing committed yet: the stream's start (above 0 once re-created)
+                start = self.state.find(B, a["stream"])
+                assert start is not None
+                cursor = start.retained_from
+            else:
+                cursor = parse_offset(a["cursor"])
             target = cursor + int((tail - cursor) * fraction) if tail >= cursor else cursor
             commits.append(CommitRequest(a["stream"], a["fence"], target))
             expected[a["stream"]] = target

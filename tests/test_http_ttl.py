@@ -44,10 +44,11 @@ def test_ttl_expiry_makes_the_stream_404_and_the_path_reusable(srv: ServerProces
     assert read(u, "-1", live="sse")[0] == 404
     assert append(u, "x", "text/plain")[0] == 404
     assert request("DELETE", u)[0] == 404
-    # Creating again makes a brand-new, empty stream.
+    # Creating again makes a brand-new, empty stream, above every offset of the expired one.
     status, headers, _ = create(u, "text/plain", Stream_TTL="1")
     assert status == 201
-    assert headers["Stream-Next-Offset"] == "0000000000000000_0000000000000000"
+    assert headers["Stream-Next-Offset"] == "0000000000000000_0000000000000012"  # "short-lived": 0..11
+    assert read(u, "0000000000000000_0000000000000000")[0] == 410
     status, headers, body = read(u)
     assert body == b""
     assert headers["ETag"] != old_etag

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.state_fingerprint import fingerprint
 from tiered.errors import ErrorCode, TieredError
 from tiered.hot.log import LogPosition, SegmentLog
-from tiered.hot.segment import FRAME_SIZE, MARKER_FRAME_SIZE, frame, marker_frame, segment_name
+from tiered.hot.segment import FRAME_SIZE, MARKER_FRAME_SIZE, crc32c, frame, marker_frame, segment_name
 from tiered.journal.codec import Record, encode_record
 from tiered.journal.journal import Journal, JournalFailed, data_location
 from tiered.journal.snapshot import (
@@ -538,6 +539,76 @@ def test_snapshot_round_trip_of_one_state() -> None:
     assert s.closed_by == ("p", 2, 7) and isinstance(s.closed_by, tuple)
     assert s.touch_journaled_ms == s.last_access_ms
     assert restored.hot_bytes == 5
+
+
+def test_incarnations_and_path_history_round_trip_through_a_snapshot() -> None:
+    state = StreamState()
+    for now, data in ((1, b"abc"), (2, b"defgh")):
+        records, _ = state.decide_create(B, "s", CreateRequest(None, None, None, None, False, data), now)
+        state.apply(records[0], (1, 40 * now))
+        state.apply(state.decide_delete(B, "s", now))
+    records, _ = state.decide_create(B, "s", CreateRequest(None, None, None, None, False, b"xy"), 3)
+    state.apply(records[0], (1, 200))
+    s = state.find(B, "s")
+    assert s is not None and (s.incarnation, s.fork_offset, s.tail) == (2, 10, 12)  # above 0..3, then 4..9
+    assert state.path_history == {(B, "s"): (2, 9)}
+    restored, _ = decode_snapshot(encode_snapshot(state, LogPosition(1, 8)))
+    assert fingerprint(restored) == fingerprint(state)
+
+
+def _as_version_3(data: bytes) -> bytes:
+    """A snapshot as a version-3 server wrote it: no incarnations, no path history."""
+    body = msgspec.msgpack.decode(data[12:])
+    body[4] = [stream[:-1] for stream in body[4]]  # StreamSnap without ``incarnation``
+    del body[-1]  # StateSnap without ``path_history``
+    raw = msgspec.msgpack.encode(body)
+    return data[:4] + (3).to_bytes(4, "little") + crc32c(raw).to_bytes(4, "little") + raw
+
+
+def test_a_version_3_snapshot_still_loads_as_first_incarnations() -> None:
+    state = _state_with_data()
+    old = _as_version_3(encode_snapshot(state, LogPosition(4, 512)))
+    restored, pos = decode_snapshot(old)
+    assert pos == LogPosition(4, 512)
+    assert fingerprint(restored) == fingerprint(state)  # every stream its path's first, no history
+    assert restored.streams[1].incarnation == 0 and restored.path_history == {}
+
+
+def test_a_journal_written_before_incarnations_replays_with_its_offsets(tmp_path: Path) -> None:
+    """Old servers created a stream again at offset 0: replay keeps those offsets (the record says so),
+    counts the incarnation, and the next stream at the path starts above all of them."""
+
+    async def main() -> None:
+        journal = make_journal(tmp_path)
+        state = journal.recover()
+        journal.start()
+        legacy = [
+            StreamCreated(1, B, "s", "text/plain", None, None, None, False, 1, None, 0, None, b"first"),
+            StreamDeleted(1, 2),
+            StreamCreated(2, B, "s", "text/plain", None, None, None, False, 3, None, 0, None, b"again"),
+        ]
+        fut = None
+        for r in legacy:
+            fut, loc = journal.append(r)
+            state.apply(r, loc)
+        assert fut is not None
+        await fut
+        await journal.close(None)
+
+        journal = make_journal(tmp_path)
+        state = journal.recover()
+        journal.start()
+        s = state.find(B, "s")
+        assert s is not None and (s.uid, s.fork_offset, s.tail, s.incarnation) == (2, 0, 5, 1)
+        assert read_all(journal, state, B, "s") == b"again"
+        w = Writer(journal, state)
+        w.delete("s", now=4)
+        w.create("s", b"third", now=5)
+        s = state.find(B, "s")
+        assert s is not None and (s.fork_offset, s.incarnation) == (6, 2)  # above both streams' 0..5
+        await journal.close(None)
+
+    run(main())
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from tiered.cold.parquet_chunk import (
     CHUNK_SCHEMA,
     FORMAT_KEY,
     FORMAT_VERSION,
+    LEGACY_SCHEMA,
     ChunkIndex,
     ChunkRange,
     ColdDataDamaged,
@@ -57,8 +58,29 @@ def stream_bytes(records: Sequence[ColdRecord], bucket: str, stream: str) -> tup
     return mine[0].start_offset, b"".join(r.payload for r in mine)
 
 
-def sort_key(r: ColdRecord) -> tuple[str, str, int, int]:
-    return (r.bucket, r.stream, r.start_offset, r.end_offset)
+def sort_key(r: ColdRecord) -> tuple[str, str, int, int, int]:
+    return (r.bucket, r.stream, r.incarnation, r.start_offset, r.end_offset)
+
+
+def encode_format_1(records: Sequence[ColdRecord]) -> bytes:
+    """An object as written before incarnations were recorded (format 1: no ``incarnation`` column)."""
+    rows = sorted(records, key=sort_key)
+    sink = pa.BufferOutputStream()
+    writer = pq.ParquetWriter(
+        sink,
+        LEGACY_SCHEMA,
+        compression="zstd",
+        use_dictionary=["bucket", "stream"],
+        write_statistics=["bucket", "stream", "start_offset", "end_offset", "append_time_ms"],
+        store_schema=False,
+        sorting_columns=[pq.SortingColumn(i) for i in range(3)],
+        write_page_checksum=True,
+    )
+    columns = {name: [getattr(r, name) for r in rows] for name in LEGACY_SCHEMA.names}
+    writer.write_table(pa.table(columns, schema=LEGACY_SCHEMA), row_group_size=len(rows))
+    writer.add_key_value_metadata({FORMAT_KEY: b"1"})
+    writer.close()
+    return bytes(sink.getvalue().to_pybytes())
 
 
 class RecordingFetch:
@@ -194,15 +216,19 @@ def test_read_table_has_documented_schema_and_sort_order() -> None:
     assert table.schema.names == [
         "bucket",
         "stream",
+        "incarnation",
         "start_offset",
         "end_offset",
         "append_time_ms",
         "payload",
     ]
-    assert [f.nullable for f in table.schema] == [False] * 6
+    assert [f.nullable for f in table.schema] == [False] * 7
     assert table.num_rows == len(records)
     order = pc.sort_indices(
-        table, sort_keys=[(c, "ascending") for c in ("bucket", "stream", "start_offset", "end_offset")]
+        table,
+        sort_keys=[
+            (c, "ascending") for c in ("bucket", "stream", "incarnation", "start_offset", "end_offset")
+        ],
     )
     assert order.to_pylist() == list(range(table.num_rows))
     assert [ColdRecord(**row) for row in table.to_pylist()] == sorted(records, key=sort_key)
@@ -259,7 +285,7 @@ def test_statistics_compression_dictionary_and_marker() -> None:
     md = pq.read_metadata(pa.BufferReader(blob))
 
     assert md.metadata[FORMAT_KEY] == FORMAT_VERSION
-    assert [c.column_index for c in md.row_group(0).sorting_columns] == [0, 1, 2]
+    assert [c.column_index for c in md.row_group(0).sorting_columns] == [0, 1, 2, 3]
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         cols = {rg.column(c).path_in_schema: rg.column(c) for c in range(rg.num_columns)}
@@ -272,7 +298,7 @@ def test_statistics_compression_dictionary_and_marker() -> None:
         assert cols["bucket"].has_dictionary_page and cols["stream"].has_dictionary_page
         assert not cols["payload"].has_dictionary_page
         table = pq.ParquetFile(pa.BufferReader(blob)).read_row_group(g)
-        for name in ("bucket", "stream", "start_offset", "end_offset", "append_time_ms"):
+        for name in ("bucket", "stream", "incarnation", "start_offset", "end_offset", "append_time_ms"):
             bounds = pc.min_max(table.column(name)).as_py()
             assert (cols[name].statistics.min, cols[name].statistics.max) == (bounds["min"], bounds["max"])
 
@@ -454,6 +480,8 @@ def test_empty_input_raises() -> None:
         make_stream("b", "s", [3]) + make_stream("b", "s", [3], base=4),  # gap
         make_stream("b", "s", [3, 3]) + make_stream("b", "s", [2], base=4),  # overlap
         [ColdRecord("b", "s", -3, 0, 1, b"abc")],  # negative offset
+        # Two streams that held one path: an object holds one of them (its index names b/s once).
+        make_stream("b", "s", [3]) + [ColdRecord("b", "s", 10**16, 10**16 + 1, 1, b"x", incarnation=1)],
     ],
 )
 def test_invalid_records_raise(records: list[ColdRecord]) -> None:
@@ -484,9 +512,48 @@ def test_cold_record_is_frozen() -> None:
 def test_encode_accepts_other_codecs() -> None:
     records = make_stream("b", "s", [100] * 10)
     blob, index = encode_chunk(records, compression="none")
-    assert pq.read_metadata(pa.BufferReader(blob)).row_group(0).column(5).compression == "UNCOMPRESSED"
+    assert pq.read_metadata(pa.BufferReader(blob)).row_group(0).column(6).compression == "UNCOMPRESSED"
     assert list(iter_records(blob)) == records
     assert index.row_groups[0].num_rows == 10
+
+
+# ------------------------------------------------------------------ incarnations
+
+
+def test_rows_and_index_carry_each_streams_incarnation() -> None:
+    records = make_stream("b", "old", [4, 4]) + [
+        ColdRecord("b", "new", 2 * 10**16 + i, 2 * 10**16 + i + 1, 5, b"n", incarnation=2) for i in range(3)
+    ]
+    blob, index = encode_chunk(records)
+    assert [(e.stream, e.incarnation) for e in index.streams] == [("new", 2), ("old", 0)]
+    assert rebuild_index(blob) == index
+    assert {(r.stream, r.incarnation) for r in iter_records(blob)} == {("new", 2), ("old", 0)}
+    table = pq.read_table(pa.BufferReader(blob), filters=[("incarnation", "=", 2)])
+    assert table.column("start_offset").to_pylist() == [2 * 10**16 + i for i in range(3)]
+    pieces, _ = read(blob, index, "b", "new", 2 * 10**16 + 1, 2 * 10**16 + 3)
+    assert pieces == [(2 * 10**16 + 1, b"n"), (2 * 10**16 + 2, b"n")]
+
+
+def test_objects_of_format_1_still_read_as_first_incarnations() -> None:
+    records = make_stream("b", "s", [5, 7]) + make_stream("c", "t", [3], base=40)
+    blob = encode_format_1(records)
+    index = rebuild_index(blob)  # what verify does; the journaled index of such an object decodes alike
+    assert [(e.bucket, e.stream, e.incarnation) for e in index.streams] == [
+        ("b", "s", None),
+        ("c", "t", None),
+    ]
+    assert list(iter_records(blob)) == sorted(records, key=sort_key)  # no column: incarnation 0
+    assert all(r.incarnation == 0 for r in iter_records(blob))
+    pieces, _ = read(blob, index, "b", "s", 3, 12)
+    assert b"".join(p for _, p in pieces) == stream_bytes(records, "b", "s")[1][3:]
+    # A journaled index of that time: StreamIndex arrays of three fields.
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(index))
+    raw[3] = [e[:3] for e in raw[3]]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(raw), type=ChunkIndex) == index
+    # New objects say format 2, and have the column.
+    new_blob, _ = encode_chunk(records)
+    assert pq.read_metadata(pa.BufferReader(new_blob)).metadata[FORMAT_KEY] == FORMAT_VERSION == b"2"
+    assert pq.read_schema(pa.BufferReader(new_blob)).names == CHUNK_SCHEMA.names
 
 
 # ------------------------------------------------------------------------ ByteLRU

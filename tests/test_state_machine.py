@@ -25,7 +25,16 @@ from tiered.hot.log import LogPosition
 from tiered.ids import DEFAULT_BUCKET, format_offset
 from tiered.journal.codec import Record, decode_record, encode_record
 from tiered.journal.snapshot import decode_snapshot, encode_snapshot
-from tiered.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, HotSlice, Stream
+from tiered.streams import lifecycle
+from tiered.streams.model import (
+    AppendRequest,
+    CreateRequest,
+    Duplicate,
+    ForkCopy,
+    ForkRequest,
+    HotSlice,
+    Stream,
+)
 from tiered.streams.records import (
     Appended,
     BucketCreated,
@@ -1014,6 +1023,142 @@ def test_replay_reproduces_a_mixed_history() -> None:
     assert read_through(snap, h.disk, snap.streams[f.uid], 0, f.tail) == b"abcdF"
 
 
+# --------------------------------------------------------------------------- incarnations: offsets never reused
+
+
+def test_a_path_created_again_starts_above_every_offset_it_issued() -> None:
+    h = Harness()
+    h.create("s", data=b"abc")
+    h.append("s", b"de")
+    assert h.stream("s").incarnation == 0 and h.state.path_history == {}
+    h.delete("s", now=1)
+    assert h.state.path_history == {(B, "s"): (1, 5)}  # one stream so far, which issued offsets up to 5
+    [created] = h.create("s", data=b"new", now=2)
+    assert isinstance(created, StreamCreated) and (created.fork_source, created.fork_offset) == (None, 6)
+    s = h.stream("s")
+    assert (s.incarnation, s.fork_offset, s.retained_from, s.cold_end, s.tail) == (1, 6, 6, 6, 9)
+    assert h.read(s, 6) == b"new"
+    appended = h.append("s", b"!")
+    assert isinstance(appended, Appended) and appended.offset == 9
+    # Every old offset is below the stream's first: the read path answers 410, saying why.
+    for old in range(6):
+        assert lifecycle.earlier_offset(h.state, s, old)
+    assert not lifecycle.earlier_offset(h.state, s, 6)
+    h.delete("s", now=3)
+    [created] = h.create("s", now=4)
+    assert isinstance(created, StreamCreated) and created.fork_offset == 11
+    assert h.stream("s").incarnation == 2 and h.state.path_history == {(B, "s"): (2, 10)}
+    assert fingerprint(h.replay()) == fingerprint(h.state)
+    assert fingerprint(decode_snapshot(encode_snapshot(h.state, LogPosition(1, 8)))[0]) == fingerprint(
+        h.state
+    )
+
+
+def test_an_expired_stream_replaced_by_a_create_counts_as_an_earlier_incarnation() -> None:
+    h = Harness()
+    h.create("t", data=b"12345", ttl_s=1, now=0)
+    records = h.create("t", data=b"x", now=1_000)  # expired: the create journals its expiry first
+    assert [type(r) for r in records] == [StreamExpired, StreamCreated]
+    s = h.stream("t")
+    assert (s.incarnation, s.fork_offset, s.tail) == (1, 6, 7)
+    assert h.state.path_history == {(B, "t"): (1, 5)}
+
+
+def test_an_expired_stream_that_forks_still_read_gives_up_its_path_to_the_new_one() -> None:
+    h = Harness()
+    h.create("src", data=b"abcdef", ttl_s=1, now=0)
+    h.create("f", fork=h.fork_request("src", 3), ttl_s=3_600, now=0)
+    records = h.create("src", data=b"new", now=1_000)  # src expired: soft-deleted, f still reads it
+    assert [type(r) for r in records] == [StreamExpired, StreamCreated]
+    s = h.stream("src")
+    assert (s.incarnation, s.fork_offset) == (1, 7) and h.state.path_history == {(B, "src"): (1, 6)}
+    assert h.read("f") == b"abc"
+    h.delete("f", now=1_000)  # the old source goes with its last fork; the path is the new stream's
+    assert h.state.path_history == {(B, "src"): (1, 6), (B, "f"): (1, 3)}
+    assert h.stream("src") is s and fingerprint(h.replay()) == fingerprint(h.state)
+
+
+def test_a_soft_deleted_source_leaves_its_history_when_its_last_fork_goes() -> None:
+    h = Harness()
+    h.create("src", data=b"abcdef")
+    h.create("f", fork=h.fork_request("src", 4), data=b"XY")
+    h.delete("src")  # soft: the fork reads through it; the path stays blocked
+    assert h.state.path_history == {}
+    assert status_of(h.decide_create, "src") == 409
+    h.delete("f")  # the last fork: both go
+    assert h.state.path_history == {(B, "src"): (1, 6), (B, "f"): (1, 6)}
+    [created] = h.create("src")
+    assert isinstance(created, StreamCreated) and created.fork_offset == 7
+
+
+def test_an_erased_bucket_takes_its_paths_history_with_it() -> None:
+    h = Harness()
+    h.commit(h.state.decide_bucket("tmp", 0))
+    h.create("a", bucket="tmp", data=b"abc")
+    h.delete("a", bucket="tmp")
+    h.create("a", data=b"abc")
+    h.delete("a")
+    assert set(h.state.path_history) == {("tmp", "a"), (B, "a")}
+    h.commit([h.state.decide_erase_bucket("tmp", 1)])
+    assert set(h.state.path_history) == {(B, "a")}
+
+
+def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused() -> None:
+    h = Harness()
+    h.create("src", data=b"source")
+    h.create("p", data=b"old!")
+    h.delete("p")  # p issued offsets 0..4
+    journal = len(h.journal)
+    with pytest.raises(StreamError) as exc:
+        h.decide_create("p", fork=h.fork_request("src", 6))
+    assert exc.value.code is ErrorCode.PATH_OFFSETS_USED and http_status(exc.value) == 409
+    assert exc.value.context == {"fence": format_offset(4)}
+    # A copy from another shard starting at or below the fence too; above it, allowed.
+    copy = ForkCopy(b"ce", 4, DEFAULT_CONTENT_TYPE, None, None, None)
+    with pytest.raises(StreamError) as exc:
+        h.decide_create("p", fork=ForkRequest(None, 6, "src@6", copy))
+    assert exc.value.code is ErrorCode.PATH_OFFSETS_USED
+    assert len(h.journal) == journal and h.state.find(B, "p") is None
+    [created] = h.create(
+        "p", fork=ForkRequest(None, 7, "src@7", ForkCopy(b"x", 6, DEFAULT_CONTENT_TYPE, None, None, None))
+    )
+    assert isinstance(created, StreamCreated) and (created.fork_offset, created.data) == (6, b"x")
+    assert h.stream("p").retained_from == 6
+    # A plain stream takes such a path above its fence; a fork of it elsewhere keeps its offsets.
+    h.delete("p")
+    h.create("p", data=b"plain")
+    assert h.stream("p").fork_offset == 8
+    h.create("q", fork=h.fork_request("p", 10))
+    assert h.read("q", 8) == b"pl" and h.stream("q").retained_from == 8
+
+
+def test_a_fork_offset_below_the_sources_first_offset_is_400() -> None:
+    h = Harness()
+    h.create("src", data=b"abc")
+    h.delete("src")
+    h.create("src", data=b"defg")  # offsets 4..8
+    for offset, why in ((0, "earlier stream"), (3, "earlier stream")):
+        with pytest.raises(StreamError) as exc:
+            h.decide_create("f", fork=h.fork_request("src", offset))
+        assert exc.value.code is ErrorCode.BAD_REQUEST and why in exc.value.message
+    h.create("f", fork=h.fork_request("src", 4))
+    assert h.stream("f").tail == 4 and h.stream("f").retained_from == 4
+
+
+def test_a_path_created_again_thousands_of_times_keeps_working() -> None:
+    """One above the fence, not a fresh 10^16 block each time: offsets stay far inside 64 bits."""
+    h = Harness()
+    for i in range(3_000):
+        h.create("churn", data=b"x" * (i % 5), now=i)
+        h.delete("churn", now=i)
+    s_history = h.state.path_history[(B, "churn")]
+    assert s_history.incarnations == 3_000
+    h.create("churn", data=b"last", now=3_000)
+    s = h.stream("churn")
+    assert s.incarnation == 3_000 and s.fork_offset == s_history.fence + 1 < 2**40
+    assert h.read(s, s.fork_offset) == b"last"
+
+
 # --------------------------------------------------------------------------- property: model-based
 
 
@@ -1039,6 +1184,12 @@ class MStream:
     producers: dict[str, tuple[int, int]] = field(default_factory=dict)
     forks: int = 0
     soft_deleted: bool = False
+    base: int = 0  # the offset of content[0]: above every offset the path issued before
+    incarnation: int = 0
+
+    @property
+    def tail(self) -> int:
+        return self.base + len(self.content)
 
     def expired(self, now: int) -> bool:
         if self.expires_at_ms is not None and now >= self.expires_at_ms:
@@ -1052,6 +1203,7 @@ class Model:
     def __init__(self) -> None:
         self.objs: dict[int, MStream] = {}
         self.paths: dict[str, int] = {}
+        self.history: dict[str, tuple[int, int]] = {}  # path -> (streams it held, highest offset issued)
 
     def at(self, path: str) -> MStream | None:
         uid = self.paths.get(path)
@@ -1073,6 +1225,8 @@ class Model:
             del self.objs[s.uid]
             if self.paths.get(s.path) == s.uid:
                 del self.paths[s.path]
+                _, fence = self.history.get(s.path, (0, -1))
+                self.history[s.path] = (s.incarnation + 1, max(fence, s.tail))
             src = s.fork_source
             if src is None:
                 return
@@ -1146,7 +1300,7 @@ class Runner:
                 return
             assert isinstance(resolved, MStream) and resolved.uid == s_state.uid
             src = resolved
-            offset = len(src.content) + 1 if frac is None else int(frac * len(src.content))
+            offset = src.tail + 1 if frac is None else src.base + int(frac * len(src.content))
             freq = ForkRequest(src.uid, offset, f"{src_path}@{offset}")
         spec = None if freq is None else freq.spec
 
@@ -1160,11 +1314,21 @@ class Runner:
                 expire_first = True
             else:
                 expected = "match" if _same_config(existing, ct, ttl, exp, closed, spec) else 409
+        incarnation, fence = m.history.get(path, (0, None))
+        if expire_first:
+            assert existing is not None
+            incarnation = existing.incarnation + 1
+            fence = existing.tail if fence is None else max(fence, existing.tail)
+        # A plain stream starts one above every offset the path issued.
+        base = 0 if fence is None else fence + 1
         if expected == "created" and src is not None and freq is not None:
+            base = src.base  # a fork keeps its source's offsets
             if ct is not None and media_type(ct) != media_type(src.content_type):
                 expected = 409
-            elif not 0 <= freq.offset <= len(src.content):
+            elif not src.base <= freq.offset <= src.tail:
                 expected = 400
+            elif fence is not None and src.base <= fence:
+                expected = 409  # it would serve offsets an earlier stream at the path issued
 
         try:
             records, found = h.decide_create(
@@ -1189,8 +1353,12 @@ class Runner:
             assert existing is not None
             event("expired stream replaced" + (" (soft, has forks)" if existing.forks else ""))
             m.kill(existing)
+            if m.paths.get(path) == existing.uid:  # soft-deleted: it gives up its path to the new stream
+                _, old_fence = m.history.get(path, (0, -1))
+                m.history[path] = (existing.incarnation + 1, max(old_fence, existing.tail))
+        assert created.fork_offset == (freq.offset if freq is not None else base)
         if src is not None and freq is not None:
-            prefix = bytes(src.content[: freq.offset])
+            prefix = bytes(src.content[: freq.offset - src.base])
             if ttl is None and exp is None:
                 ttl, exp = src.ttl_s, src.expires_at_ms
             ctype = ct or src.content_type
@@ -1210,6 +1378,8 @@ class Runner:
             closed=closed,
             fork_source=src,
             fork_spec=spec,
+            base=base,
+            incarnation=incarnation,
         )
         m.paths[path] = created.uid
 
@@ -1251,7 +1421,7 @@ class Runner:
             return
         assert expected == "appended" and isinstance(decided, Appended), (expected, decided)
         assert isinstance(s, MStream)
-        assert decided.offset == len(s.content)
+        assert decided.offset == s.tail
         s.content += data
         s.own_bytes += len(data)
         s.last_access = max(s.last_access, now)
@@ -1280,9 +1450,10 @@ class Runner:
         assert set(state.streams) == set(m.objs)
         assert state.paths == {(B, p): uid for p, uid in m.paths.items()}
         assert state.hot_bytes == m.hot_bytes
+        assert {p: tuple(h) for (b, p), h in state.path_history.items()} == m.history
         for uid, ms in m.objs.items():
             s = state.streams[uid]
-            assert s.tail == len(ms.content)
+            assert s.tail == ms.tail and s.incarnation == ms.incarnation
             assert s.closed == ms.closed and s.closed_by == ms.closed_by
             assert {k: (p.epoch, p.last_seq) for k, p in s.producers.items()} == ms.producers
             assert s.soft_deleted == ms.soft_deleted and s.forks == ms.forks
@@ -1301,12 +1472,13 @@ class Runner:
                 continue  # 410 to readers; what its forks inherit is read through them
             s = state.streams[uid]
             want = bytes(ms.content)
-            n = len(want)
-            assert read_through(state, self.h.disk, s, 0, n) == want
+            n, b = len(want), ms.base
+            assert s.retained_from == b
+            assert read_through(state, self.h.disk, s, b, b + n) == want
             for a in range(n + 1):
-                assert read_through(state, self.h.disk, s, a, n) == want[a:]
-                assert read_through(state, self.h.disk, s, 0, a) == want[:a]
-                assert read_through(state, self.h.disk, s, a, min(n, a + 3)) == want[a : a + 3]
+                assert read_through(state, self.h.disk, s, b + a, b + n) == want[a:]
+                assert read_through(state, self.h.disk, s, b, b + a) == want[:a]
+                assert read_through(state, self.h.disk, s, b + a, b + min(n, a + 3)) == want[a : a + 3]
 
 
 _path = st.sampled_from(PATHS)

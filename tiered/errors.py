@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     OFFSET_GONE = "OFFSET_GONE"  # 410: below the retained offset (context: next_offset)
     OFFSET_BEYOND_TAIL = "OFFSET_BEYOND_TAIL"
     STREAM_EXISTS = "STREAM_EXISTS"  # 409: a different configuration holds the path
+    PATH_OFFSETS_USED = "PATH_OFFSETS_USED"  # 409: a fork would serve old offsets of its path (fence)
     STREAM_CLOSED = "STREAM_CLOSED"  # 409 (context: next_offset)
     CONTENT_TYPE_MISMATCH = "CONTENT_TYPE_MISMATCH"
     STALE_PRODUCER_EPOCH = "STALE_PRODUCER_EPOCH"  # 403 (context: epoch)

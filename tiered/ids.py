@@ -4,8 +4,15 @@ Offsets are the byte position in a stream's logical byte sequence, printed as
 a 32-digit zero-padded decimal split 16_16 (the shape the protocol's reference
 server uses, which clients and the conformance suite have come to expect), so
 they sort lexicographically. A position never changes when data moves between
-tiers, and forks share their source's offset space, so this is all an offset
-needs to be.
+tiers, and forks share their source's offset space.
+
+Offsets are never reused at a path: a stream created where an earlier one was
+deleted or expired starts one above the highest offset the path ever issued
+(``tiered.streams.lifecycle``), so every old offset is below the new stream's
+first one and reads refuse it as gone instead of serving new bytes. (Not at
+the next multiple of 10^16, which would show the incarnation in the high half:
+about 920 re-creations of one path would overflow the signed 64-bit offsets of
+hot chunk arrays and Parquet columns.)
 """
 
 from __future__ import annotations

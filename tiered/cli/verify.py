@@ -8,7 +8,9 @@ Reads the metadata (snapshot + journal, read-only), then:
   recorded size and checksum; every page checksum verifies and the Parquet
   decodes; the index rebuilt from the object equals the recorded one; and
   for every stream range that reads from the object, its rows cover exactly
-  that range, record by record, with payload lengths matching offsets.
+  that range, record by record, with payload lengths matching offsets, and
+  belong to that stream's incarnation (the ``incarnation`` column; objects
+  written before it existed have none to check).
 
 Any mismatch is reported and makes the exit code 1. Nothing is written: the
 data dir and the store are opened read-only.
@@ -79,11 +81,12 @@ def verify_hot(state: StreamState, log_: SegmentLog) -> VerifyReport:
     return report
 
 
-def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int, int]]]:
-    by_key: dict[str, list[tuple[str, str, int, int]]] = {}
+def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int, int, int]]]:
+    """Object key -> (bucket, path, incarnation, start, end) of each stream range it serves."""
+    by_key: dict[str, list[tuple[str, str, int, int, int]]] = {}
     for s in state.streams.values():
         for ref in s.cold_refs:
-            by_key.setdefault(ref.key, []).append((s.bucket, s.path, ref.start, ref.end))
+            by_key.setdefault(ref.key, []).append((s.bucket, s.path, s.incarnation, ref.start, ref.end))
     return by_key
 
 
@@ -118,14 +121,20 @@ async def verify_cold(state: StreamState, store: ObjectStore, out: TextIO | None
                 rows.setdefault((rec.bucket, rec.stream), []).append(
                     (rec.start_offset, rec.end_offset, len(rec.payload))
                 )
-            if rebuild_index(data) != obj.index:
+            rebuilt = rebuild_index(data)
+            if rebuilt != obj.index:
                 report.errors.append(f"{key}: index rebuilt from the object differs from the recorded index")
         except Exception as exc:  # checksum failure, truncated or foreign file
             report.errors.append(f"{key}: does not decode ({type(exc).__name__}: {exc})")
             continue
-        for bucket, path, start, end in by_key.get(key, []):
+        for bucket, path, incarnation, start, end in by_key.get(key, []):
             report.ranges += 1
             problem = _check_range(rows.get((bucket, path), []), start, end)
+            entry = rebuilt.find(bucket, path)
+            if problem is None and entry is not None and entry.incarnation not in (None, incarnation):
+                problem = (
+                    f"rows are of incarnation {entry.incarnation}, the stream is incarnation {incarnation}"
+                )
             if problem:
                 report.errors.append(f"{key}: {bucket}/{path} [{start}, {end}): {problem}")
     progress.done()

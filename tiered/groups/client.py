@@ -55,6 +55,8 @@ from yarl import URL
 log = logging.getLogger(__name__)
 
 _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+#: An assignment's cursor when nothing was committed on its stream yet: read from the stream's start.
+FROM_START = "-1"
 
 
 class GroupClientError(Exception):
@@ -523,12 +525,41 @@ class GroupConsumer:
             return URL(f"{self.base_url}/v1/stream/{path}?{query}", encoded=True)
         return URL(f"{self.base_url}/v1/buckets/{self.bucket}/stream/{path}?{query}", encoded=True)
 
+    async def _first_offset(self, stream: str) -> str | None:
+        """The stream's earliest retained offset (``HEAD``), or None if it is gone."""
+        assert self._session is not None
+        attempt = 0
+        while True:
+            try:
+                async with self._session.head(
+                    self._stream_url(stream, ""), timeout=aiohttp.ClientTimeout(total=60)
+                ) as resp:
+                    status, first = resp.status, resp.headers.get("Stream-Retained-Offset")
+            except _NETWORK_ERRORS:
+                status, first = 0, None
+            if status == 200 and first is not None:
+                return first
+            if status in (404, 410):
+                return None
+            attempt += 1
+            await self._backoff(attempt)
+
     async def _read_loop(self, stream: str, fence: int, offset: str, skipped: Skipped | None = None) -> None:
         """Catch up from the cursor, then long-poll; queue one batch per response.
 
         ``skipped``: a gap just before ``offset`` to hand out with the next batch.
         """
         assert self._session is not None
+        if offset == FROM_START:
+            # Nothing committed yet: start at the stream's first retained offset, so every batch names
+            # real offsets (a stream created again where one was deleted does not start at zero).
+            first = await self._first_offset(stream)
+            if first is None:
+                return  # the stream is gone; the next plan drops it
+            slot = self._streams.get(stream)
+            if slot is not None and slot.fence == fence and slot.position == FROM_START:
+                slot.position = first
+            offset = first
         live = False
         attempt = 0
         gap = skipped

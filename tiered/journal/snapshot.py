@@ -19,14 +19,17 @@ import msgspec
 from tiered.cold.chunk_index import ChunkIndex
 from tiered.hot.log import LogPosition
 from tiered.hot.segment import crc32c, fsync_dir
-from tiered.streams.model import ColdObject, ColdRef, HotChunks, ProducerState, Stream
+from tiered.streams.model import ColdObject, ColdRef, HotChunks, PathHistory, ProducerState, Stream
 from tiered.streams.producers import total_bytes
 from tiered.streams.release import hot_contribution
 from tiered.streams.state import StreamState
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
+# Version 3 lacks streams' incarnations and paths' histories (their fields decode as defaults:
+# every stream its path's first, no history), which is what a data dir of that version knew.
+READABLE_VERSIONS = (3, 4)
 _MAGIC = b"TSNP"
 _HEADER = struct.Struct("<4sII")  # magic, version, crc32c(body)
 
@@ -61,6 +64,7 @@ class StreamSnap(msgspec.Struct, array_like=True):
     keep_end: int | None
     soft_deleted: bool
     last_access_ms: int
+    incarnation: int = 0  # version 4
 
 
 class ColdObjectSnap(msgspec.Struct, array_like=True):
@@ -85,6 +89,8 @@ class StateSnap(msgspec.Struct, array_like=True):
     extensions: dict[str, bytes]  # StateExtension name -> its own snapshot bytes
     erased_buckets: dict[str, int]
     bucket_retention: dict[str, tuple[int | None, int | None]]
+    # Version 4: (bucket, path, incarnations, fence) of paths whose streams were removed.
+    path_history: list[tuple[str, str, int, int]] = msgspec.field(default_factory=list)
 
 
 def _stream_snap(s: Stream) -> StreamSnap:
@@ -117,6 +123,7 @@ def _stream_snap(s: Stream) -> StreamSnap:
         keep_end=s.keep_end,
         soft_deleted=s.soft_deleted,
         last_access_ms=s.last_access_ms,
+        incarnation=s.incarnation,
     )
 
 
@@ -157,6 +164,7 @@ def _stream_from_snap(n: StreamSnap) -> Stream:
         soft_deleted=n.soft_deleted,
         last_access_ms=n.last_access_ms,
         touch_journaled_ms=n.last_access_ms,
+        incarnation=n.incarnation,
     )
 
 
@@ -176,6 +184,7 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         extensions={name: ext.snapshot() for name, ext in state.extensions.items()},
         erased_buckets=dict(state.erased_buckets),
         bucket_retention=dict(state.bucket_retention),
+        path_history=[(b, p, h.incarnations, h.fence) for (b, p), h in state.path_history.items()],
     )
     body = msgspec.msgpack.encode(snap)
     return _HEADER.pack(_MAGIC, SNAPSHOT_VERSION, crc32c(body)) + body
@@ -186,8 +195,8 @@ def decode_snapshot(
 ) -> tuple[StreamState, LogPosition]:
     magic, version, crc = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
-    if magic != _MAGIC or version != SNAPSHOT_VERSION:
-        raise ValueError(f"not a snapshot of version {SNAPSHOT_VERSION}")
+    if magic != _MAGIC or version not in READABLE_VERSIONS:
+        raise ValueError(f"not a snapshot of a version this server reads ({READABLE_VERSIONS})")
     if crc32c(body) != crc:
         raise ValueError("snapshot checksum mismatch")
     snap = msgspec.msgpack.decode(body, type=StateSnap)
@@ -214,6 +223,7 @@ def decode_snapshot(
     state.paths = {(b, p): uid for b, p, uid in snap.paths}
     state.erased_buckets = dict(snap.erased_buckets)
     state.bucket_retention = dict(snap.bucket_retention)
+    state.path_history = {(b, p): PathHistory(n, fence) for b, p, n, fence in snap.path_history}
     return state, LogPosition(snap.log_segment, snap.log_offset)
 
 

@@ -52,8 +52,9 @@ def apply_copy_committed(state: StreamState, record: ColdCopyCommitted) -> None:
         s.cold_end = r.end
         state.hot_bytes += hot_contribution(s) - before
         obj.refs += 1
-        if s.uid in state.children and s.retained_from > 0:
-            release(state, s, record.ts_ms)  # the new range may lie in a gap no reader reaches
+        if s.uid in state.children and s.retained_from > s.fork_offset:
+            # Retention moved into the stream's own data: the new range may lie in a gap no reader reaches.
+            release(state, s, record.ts_ms)
     if obj.refs == 0 and obj.released_ms is None:
         obj.released_ms = record.ts_ms
 

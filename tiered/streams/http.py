@@ -214,11 +214,7 @@ class StreamRoutes:
             if parsed > v.tail:
                 raise TieredError(ErrorCode.OFFSET_BEYOND_TAIL, "offset is beyond the end of the stream")
             if parsed < s.retained_from:
-                raise TieredError(
-                    ErrorCode.OFFSET_GONE,
-                    "data at this offset is no longer retained; Stream-Next-Offset is the earliest",
-                    next_offset=format_offset(s.retained_from),
-                )
+                raise service.offset_gone(s, parsed)  # retention, or an earlier stream's offset
             offset = parsed
         if live is None and offset_raw != "now":
             located = self._locator(request, s, v.tail, offset)

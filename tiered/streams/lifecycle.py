@@ -2,6 +2,17 @@
 
 Pure functions of ``StreamState`` (see ``state``): ``decide_*`` return records
 or raise ``TieredError`` having changed nothing; ``apply_*`` move the state.
+
+Offsets are never reused at a path (protocol section 4). When a stream leaves
+its path (deleted, expired, its bucket erased), the path's ``PathHistory``
+keeps how many streams it held and the highest offset they issued (the
+*fence*: the last stream's final tail, which readers were given as their next
+offset). The next stream there is its next *incarnation*: a plain stream
+starts one above the fence (``StreamCreated.fork_offset`` carries it, so
+replay needs nothing else); a fork keeps its source's offsets, so it may take
+the path only if it serves none at or below the fence (``PATH_OFFSETS_USED``
+otherwise). Old offsets are then below everything the new stream serves: reads
+answer them 410, never with the new stream's bytes.
 """
 
 from __future__ import annotations
@@ -10,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from tiered.content import DEFAULT_CONTENT_TYPE, media_type
 from tiered.errors import ErrorCode, TieredError
-from tiered.ids import DEFAULT_BUCKET
+from tiered.ids import DEFAULT_BUCKET, format_offset
 
 from . import release
-from .model import CreateRequest, Stream
+from .model import CreateRequest, PathHistory, Stream
 from .records import BucketCreated, BucketErased, StreamCreated, StreamDeleted, StreamExpired, StreamTouched
 
 if TYPE_CHECKING:
@@ -65,6 +76,47 @@ def fork_source(state: StreamState, source: Stream | None, now_ms: int) -> Strea
     return source
 
 
+def first_offset(state: StreamState, s: Stream) -> int:
+    """The lowest offset ``s`` ever had: its own first one, or (a fork) its ancestry's root's."""
+    while s.fork_source is not None:
+        s = state.streams[s.fork_source]
+    return s.fork_offset
+
+
+def path_fence(state: StreamState, bucket: str, path: str, replaced: Stream | None = None) -> int | None:
+    """The highest offset earlier streams at the path issued (None: there were none).
+
+    ``replaced``: a stream still holding the path that the same create expires.
+    """
+    history = state.path_history.get((bucket, path))
+    fence = history.fence if history is not None else None
+    if replaced is not None:
+        fence = replaced.tail if fence is None else max(fence, replaced.tail)
+    return fence
+
+
+def earlier_offset(state: StreamState, s: Stream, offset: int) -> bool:
+    """Whether ``offset`` is one an earlier stream at ``s``'s path issued (or below any ``s`` had)."""
+    fence = path_fence(state, s.bucket, s.path)
+    return offset < first_offset(state, s) or (fence is not None and offset <= fence)
+
+
+def check_fork_offset(state: StreamState, source: Stream, offset: int) -> None:
+    """A fork point must be an offset of the source: not below its first one, not beyond its tail."""
+    if offset < first_offset(state, source):
+        fence = path_fence(state, source.bucket, source.path)
+        whose = (
+            "it belongs to an earlier stream at that path (deleted or expired, then created again)"
+            if fence is not None and offset <= fence
+            else "the source never had it"
+        )
+        raise TieredError(
+            ErrorCode.BAD_REQUEST, f"Stream-Fork-Offset is below the source stream's first offset: {whose}"
+        )
+    if offset > source.tail:
+        raise TieredError(ErrorCode.OFFSET_BEYOND_TAIL, "fork offset is beyond the source stream's tail")
+
+
 def decide_create(
     state: StreamState, bucket: str, path: str, req: CreateRequest, now_ms: int
 ) -> tuple[list[StreamExpired | StreamCreated], Stream | None]:
@@ -88,11 +140,13 @@ def decide_create(
         else:
             _check_same_config(existing, req)
             return [], existing
+    fence = path_fence(state, bucket, path, existing)
     content_type = req.content_type
     ttl_s, expires_at, expires_at_ms = req.ttl_s, req.expires_at, req.expires_at_ms
     fork_source_uid: int | None = None
-    fork_offset = 0
+    fork_offset = 0 if fence is None else fence + 1  # above every offset an earlier stream here issued
     fork_spec: str | None = None
+    lowest = fork_offset  # the lowest offset the new stream will serve
     if req.fork is not None and source is not None:
         if content_type is None:
             content_type = source.content_type
@@ -100,11 +154,11 @@ def decide_create(
             raise TieredError(
                 ErrorCode.CONTENT_TYPE_MISMATCH, "a fork's content type must match its source's"
             )
-        if not 0 <= req.fork.offset <= source.tail:
-            raise TieredError(ErrorCode.OFFSET_BEYOND_TAIL, "fork offset is beyond the source stream's tail")
+        check_fork_offset(state, source, req.fork.offset)
         if ttl_s is None and expires_at_ms is None:
             ttl_s, expires_at, expires_at_ms = source.ttl_s, source.expires_at, source.expires_at_ms
         fork_source_uid, fork_offset, fork_spec = source.uid, req.fork.offset, req.fork.spec
+        lowest = min(source.retained_from, fork_offset)  # as ``apply_created`` sets its retained offset
     data = req.data
     if req.fork is not None and req.fork.source_uid is None:
         copy = req.fork.copy
@@ -115,6 +169,16 @@ def decide_create(
             ttl_s, expires_at, expires_at_ms = copy.ttl_s, copy.expires_at, copy.expires_at_ms
         # A copy: the inherited bytes are the fork's own data, at the offsets they had in the source.
         fork_offset, fork_spec, data = copy.base_from, req.fork.spec, copy.base + req.data
+        lowest = fork_offset
+    if fence is not None and lowest <= fence:
+        # A fork serves its source's offsets: here it would serve some an earlier stream issued.
+        raise TieredError(
+            ErrorCode.PATH_OFFSETS_USED,
+            f"an earlier stream at this path issued offsets up to {format_offset(fence)}, and a fork "
+            "here would serve some of them again (a fork keeps its source's offsets); fork to another "
+            "path, or create a plain stream here",
+            fence=format_offset(fence),
+        )
     records.append(
         StreamCreated(
             uid=state.next_uid,
@@ -171,6 +235,14 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
         last_access_ms=record.ts_ms,
         touch_journaled_ms=record.ts_ms,
     )
+    held = state.paths.get((s.bucket, s.path))
+    if held is not None:
+        # An expired stream that forks still read (soft-deleted by this create's expiry record) gives
+        # up its path now, not when its last fork goes.
+        _leave_history(state, state.streams[held])
+    history = state.path_history.get((s.bucket, s.path))
+    if history is not None:
+        s.incarnation = history.incarnations
     if record.data:
         if location is None:
             raise ValueError("a create with data needs its location")
@@ -245,6 +317,9 @@ def apply_bucket_erased(state: StreamState, name: str, ts_ms: int) -> None:
             apply_gone(state, uid, ts_ms)
     for key in [k for k in state.paths if k[0] == name]:
         del state.paths[key]
+    # The name is fenced forever: no stream will be created at its paths again.
+    for key in [k for k in state.path_history if k[0] == name]:
+        del state.path_history[key]
     state.buckets.pop(name, None)
     state.bucket_retention.pop(name, None)
     state.erased_buckets[name] = ts_ms
@@ -260,6 +335,7 @@ def _remove(state: StreamState, s: Stream, ts_ms: int) -> None:
             release.unref(state, ref.key, ts_ms)
         if state.paths.get((s.bucket, s.path)) == s.uid:
             del state.paths[(s.bucket, s.path)]
+            _leave_history(state, s)
         if s.fork_source is None:
             return
         source = state.streams[s.fork_source]
@@ -273,3 +349,11 @@ def _remove(state: StreamState, s: Stream, ts_ms: int) -> None:
             release.release_chain(state, source, ts_ms)
             return
         s = source
+
+
+def _leave_history(state: StreamState, s: Stream) -> None:
+    """``s`` left its path: the next stream there is one incarnation on and serves no offset of it."""
+    key = (s.bucket, s.path)
+    before = state.path_history.get(key)
+    fence = s.tail if before is None else max(before.fence, s.tail)
+    state.path_history[key] = PathHistory(s.incarnation + 1, fence)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from tiered.cold.chunk_index import ChunkIndex
 from tiered.content import is_json
@@ -91,6 +91,18 @@ class ColdObject:
     deleting: bool = False  # a journaled delete is under way
 
 
+class PathHistory(NamedTuple):
+    """What the streams a path held before tell the next one (kept after they are gone).
+
+    ``incarnations``: how many streams the path held, so the next one's
+    incarnation number; ``fence``: the highest offset any of them issued (its
+    final tail). A new stream there serves no offset at or below ``fence``.
+    """
+
+    incarnations: int
+    fence: int
+
+
 @dataclass(slots=True)
 class Stream:
     uid: int
@@ -122,6 +134,7 @@ class Stream:
     soft_deleted: bool = False
     last_access_ms: int = 0
     touch_journaled_ms: int = 0
+    incarnation: int = 0  # how many streams its path held before it (``PathHistory``)
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)

@@ -36,7 +36,9 @@ class StreamCreated(_Record, frozen=True, tag="stream.create.v1"):
     closed: bool
     ts_ms: int
     fork_source: int | None  # uid of the source stream
-    fork_offset: int  # where the fork's own data begins (0 for non-forks)
+    # Where the stream's own data begins: a fork's fork point; a plain stream's first offset (0, or
+    # above every offset its path issued before when the path held a stream already: ``lifecycle``).
+    fork_offset: int
     fork_spec: str | None  # the fork headers as requested, for idempotent re-creation
     data: bytes
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from tiered.clock import Clock
 from tiered.content import encode_json_messages, is_json
 from tiered.errors import ErrorCode, TieredError
+from tiered.ids import format_offset
 from tiered.journal.committer import Committer
 from tiered.ports import NOT_RECORDED, LatencyRecorder
 
@@ -192,6 +193,8 @@ class StreamService:
             raise TieredError(
                 ErrorCode.OFFSET_BEYOND_TAIL, "Stream-Fork-Offset is beyond the source stream's tail"
             )
+        else:
+            lifecycle.check_fork_offset(self.state, source, offset)  # an earlier stream's offset: 400
         if sub:
             if source.json:
                 data = await self.read(source, offset, tail)
@@ -365,6 +368,17 @@ class StreamService:
 
     def lookup(self, bucket: str, path: str) -> Stream:
         return self.state.lookup(bucket, path, self.clock.now_ms())
+
+    def offset_gone(self, s: Stream, offset: int) -> TieredError:
+        """The 410 for a read below ``s``'s retained offset, saying whether retention or a re-creation took it."""
+        if lifecycle.earlier_offset(self.state, s, offset):
+            message = (
+                "this offset is from an earlier stream at this path (deleted or expired, then created "
+                "again); Stream-Next-Offset is this stream's earliest offset"
+            )
+        else:
+            message = "data at this offset is no longer retained; Stream-Next-Offset is the earliest"
+        return TieredError(ErrorCode.OFFSET_GONE, message, next_offset=format_offset(s.retained_from))
 
     def view(self, s: Stream) -> VisibleView:
         return self.visibility.view(s)

@@ -30,6 +30,7 @@ from .model import (
     ColdObject,
     CreateRequest,
     Duplicate,
+    PathHistory,
     ReadSlice,
     StateExtension,
     Stream,
@@ -85,6 +86,9 @@ class StreamState:
                 self._observers_by_type.setdefault(t, []).append(cast(StreamObserver, e))
         self.streams: dict[int, Stream] = {}
         self.paths: dict[tuple[str, str], int] = {}
+        # Paths whose streams were removed (deleted, expired): what the next stream there must not
+        # reuse. Kept for good (one small entry per such path); an erased bucket's go with it.
+        self.path_history: dict[tuple[str, str], PathHistory] = {}
         self.buckets: dict[str, int] = {DEFAULT_BUCKET: 0}
         self.next_uid = 1
         self.hot_bytes = 0  # bytes that live only in hot segments
