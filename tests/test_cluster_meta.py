@@ -266,7 +266,7 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
     status, v1 = call(m2, "POST", f"/v1/groups/{g}/join", {"member": "w1", "join_id": "j1"})
     assert (status, v1) == (
         200,
-        member_view(g, inc, 1, "w1", 1, sorted([(a, 1, None, False), (b, 1, None, False)])),
+        member_view(g, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 0, False)])),
     )
 
     # The member reads each stream through any node and commits what it read.

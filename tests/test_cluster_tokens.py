@@ -422,14 +422,14 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
         status, joined = call(g2, "POST", f"/v1/groups/{group}/join", {"member": "w1", "join_id": "j1"}, auth)
         assert (status, joined) == (
             200,
-            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, None, False), (b, 1, None, False)])),
+            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 0, False)])),
         )
         commits = [{"stream": b, "fence": 1, "offset": format_offset(3)}]
         beat = {"member": "w1", "incarnation": inc, "generation": 1, "commits": commits}
         status, hb = call(g1, "POST", f"/v1/groups/{group}/heartbeat", beat, auth)
         assert (status, hb) == (
             200,
-            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, None, False), (b, 1, 3, False)]), rejected=[]),
+            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 3, False)]), rejected=[]),
         )
         assert call(g1, "POST", f"/v1/groups/{group}/join", {"member": "w2", "join_id": "j2"})[0] == 401
     finally:

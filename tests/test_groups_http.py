@@ -24,11 +24,6 @@ from .server_process import ServerProcess
 
 _n = itertools.count()
 Z = format_offset(0)
-START = "-1"  # the cursor of a stream nothing was committed on yet: its start, whatever its first offset
-
-
-def cursor_text(cursor: int | None) -> str:
-    return START if cursor is None else format_offset(cursor)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +93,7 @@ def target(
     owner: str | None,
     holder: str | None,
     fence: int,
-    cursor: int | None,
+    cursor: int,
     tail: int | None,
     linked: bool = True,
 ) -> dict[str, Any]:
@@ -108,7 +103,7 @@ def target(
         "owner": owner,
         "holder": holder,
         "fence": fence,
-        "cursor": cursor_text(cursor),
+        "cursor": format_offset(cursor),
         "tail": format_offset(tail) if tail is not None else None,
     }
 
@@ -119,7 +114,7 @@ def member_view(
     rev: int,
     member: str,
     gen: int,
-    assignments: list[tuple[str, int, int | None, bool]],
+    assignments: list[tuple[str, int, int, bool]],
     pending: list[str] = (),
     timeout: int = 10000,
     **extra: Any,
@@ -133,7 +128,7 @@ def member_view(
         "bucket": "default",
         "session_timeout_ms": timeout,
         "assignments": [
-            {"stream": s, "fence": f, "cursor": cursor_text(c), "revoked": r} for s, f, c, r in assignments
+            {"stream": s, "fence": f, "cursor": format_offset(c), "revoked": r} for s, f, c, r in assignments
         ],
         "pending": list(pending),
         **extra,
@@ -171,7 +166,7 @@ def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
         "revision": 0,
         **group_spec(pattern=f"{p}/*", streams=[f"{p}/later"]),
         "members": [],
-        "targets": [target(f"{p}/a", None, None, 0, None, 5), target(f"{p}/b", None, None, 0, None, 0)],
+        "targets": [target(f"{p}/a", None, None, 0, 0, 5), target(f"{p}/b", None, None, 0, 0, 0)],
     }
     assert strip_times(body) == expected
     # Re-confirming the identical configuration is 200 with the same body.
@@ -214,7 +209,7 @@ def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
     )
     status, body = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
     assert status == 201 and body["incarnation"] == inc + 1 and body["revision"] == 0
-    assert [t["cursor"] for t in body["targets"]] == [START, START]  # no cursors: from each stream's start
+    assert [t["cursor"] for t in body["targets"]] == [Z, Z]
     # The old incarnation's member is fenced.
     status, fenced = heartbeat(server, g, view)
     assert (status, fenced) == (
@@ -364,19 +359,19 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
     a, b = f"{p}/a", f"{p}/b"
 
     v1 = join(server, g, "m1", "j1")
-    assert v1 == member_view(g, inc, 1, "m1", 1, [(a, 1, None, False), (b, 1, None, False)])
+    assert v1 == member_view(g, inc, 1, "m1", 1, [(a, 1, 0, False), (b, 1, 0, False)])
     assert join(server, g, "m1", "j1") == v1  # a retried join changes nothing
 
     # Commits move cursors; a lower one never moves them back.
     status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 1, "offset": format_offset(4)}])
     assert (status, hb) == (
         200,
-        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, None, False)], rejected=[]),
+        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, 0, False)], rejected=[]),
     )
     status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 1, "offset": format_offset(2)}])
     assert (status, hb) == (
         200,
-        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, None, False)], rejected=[]),
+        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, 0, False)], rejected=[]),
     )
 
     # A second member: the move is intent first; m1 is told to release b.
@@ -385,7 +380,7 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
     status, hb = heartbeat(server, g, v1)
     assert (status, hb) == (
         200,
-        member_view(g, inc, 2, "m1", 1, [(a, 1, 4, False), (b, 1, None, True)], rejected=[]),
+        member_view(g, inc, 2, "m1", 1, [(a, 1, 4, False), (b, 1, 0, True)], rejected=[]),
     )
     status, desc = call(server, "GET", f"/v1/groups/{g}")
     assert strip_times(desc) == {
@@ -394,7 +389,7 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
         "revision": 2,
         **group_spec(pattern=f"{p}/*"),
         "members": [{"member": "m1", "generation": 1}, {"member": "m2", "generation": 2}],
-        "targets": [target(a, "m1", "m1", 1, 4, 10), target(b, "m2", "m1", 1, None, 3)],
+        "targets": [target(a, "m1", "m1", 1, 4, 10), target(b, "m2", "m1", 1, 0, 3)],
     }
 
     # m1 commits and releases b in one heartbeat; m2 is activated with a higher fence.
@@ -605,7 +600,7 @@ def test_leave(server: ServerProcess) -> None:
     status, hb = heartbeat(server, g, v2)
     assert hb["assignments"] == [
         {"stream": f"{p}/a", "fence": 3, "cursor": format_offset(5), "revoked": False},
-        {"stream": f"{p}/b", "fence": 3, "cursor": START, "revoked": False},
+        {"stream": f"{p}/b", "fence": 3, "cursor": Z, "revoked": False},
     ]
     stale = {"member": "m2", "incarnation": inc, "generation": 1}
     assert call(server, "POST", url, stale) == (
@@ -642,7 +637,7 @@ def test_link_and_unlink(server: ServerProcess) -> None:
         "revision": 1,
         **group_spec(streams=[f"{p}/x/1", f"{p}/y"], max_streams=2),
         "members": [],
-        "targets": [target(f"{p}/x/1", None, None, 0, None, 1), target(f"{p}/y", None, None, 0, None, 2)],
+        "targets": [target(f"{p}/x/1", None, None, 0, 0, 1), target(f"{p}/y", None, None, 0, 0, 2)],
     }
     assert (status, strip_times(body)) == (200, expected)
     # The same operation retried after it succeeded is recognised (not STALE_REVISION).

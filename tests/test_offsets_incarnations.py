@@ -323,7 +323,7 @@ def test_a_fork_that_would_serve_an_old_offset_of_its_path_is_refused(tmp_path: 
 
 
 def test_a_consumer_group_reads_a_re_created_stream_from_its_start(tmp_path: Path) -> None:
-    """No cursor committed: the view says ``-1``, the client starts at the stream's first offset."""
+    """No cursor committed: the view shows the re-created stream's first offset, and the client reads from it."""
     srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2").start()
     try:
         url = stream_url(srv.url, "g/s")
@@ -335,7 +335,7 @@ def test_a_consumer_group_reads_a_re_created_stream_from_its_start(tmp_path: Pat
             "PUT", f"{srv.url}/v1/groups/grp", {"Content-Type": "application/json"}, body
         )
         assert status == 201, raw
-        assert [t["cursor"] for t in json.loads(raw)["targets"]] == ["-1"]
+        assert [t["cursor"] for t in json.loads(raw)["targets"]] == [format_offset(5)]
 
         async def consume() -> None:
             async with GroupConsumer(srv.url, "grp", "m1", wait_ms=500) as consumer:

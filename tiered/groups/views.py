@@ -22,16 +22,6 @@ def skipped_json(g: Group, uid: int) -> dict[str, Any] | None:
     return {"from": format_offset(start), "to": format_offset(end), "bytes": end - start}
 
 
-#: The cursor of a stream nothing was committed on yet: the stream's start (the protocol's ``-1``). Not
-#: a zero offset: a stream created where an earlier one was deleted starts above zero (``tiered.ids``).
-FROM_START = "-1"
-
-
-def _cursor(g: Group, uid: int) -> str:
-    committed = g.cursors.get(uid)
-    return FROM_START if committed is None else format_offset(committed)
-
-
 def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
     """What a member sees: its streams (fence, cursor, revoked, and a ``skipped`` range if any) and pending ones."""
     g = groups.get(name)
@@ -45,7 +35,7 @@ def member_view(groups: GroupsState, name: str, member: str) -> dict[str, Any]:
             assignment: dict[str, Any] = {
                 "stream": t.path,
                 "fence": t.fence,
-                "cursor": _cursor(g, t.stream_uid),
+                "cursor": format_offset(g.cursors.get(t.stream_uid, 0)),
                 "revoked": t.owner != member,
             }
             gap = skipped_json(g, t.stream_uid)
@@ -87,11 +77,10 @@ def group_view(
     targets = []
     for uid, row in sorted(rows.items(), key=lambda kv: kv[1]["stream"]):
         s = live_stream(streams, uid, now_ms)
-        if g.cursors.get(uid) is None and s is not None and uid not in g.targets:
-            # not planned yet: a stream new to the group starts at its retained offset
-            row["cursor"] = format_offset(s.retained_from)
-        else:
-            row["cursor"] = _cursor(g, uid)
+        cursor = g.cursors.get(uid)
+        if cursor is None:  # not committed yet: a stream new to the group starts at its retained offset
+            cursor = s.retained_from if s is not None and uid not in g.targets else 0
+        row["cursor"] = format_offset(cursor)
         row["tail"] = format_offset(tail(s)) if s is not None else None
         gap = skipped_json(g, uid)
         if gap is not None:
