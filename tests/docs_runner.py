@@ -189,12 +189,15 @@ class CommandResult:
     proc: subprocess.Popen[bytes] | None = None
 
     def describe(self) -> str:
-        tail = lambda s: s[-3000:].rstrip() or "(empty)"  # noqa: E731
         return (
             f"line {self.command.line}: {self.text.strip()}\n  exit code: {self.rc}"
             + (f", URL {self.url}" if self.url else "")
-            + f"\n  stdout: {tail(self.stdout)}\n  stderr: {tail(self.stderr)}"
+            + f"\n  stdout: {_tail(self.stdout)}\n  stderr: {_tail(self.stderr)}"
         )
+
+
+def _tail(output: str) -> str:
+    return output[-3000:].rstrip() or "(empty)"
 
 
 class Session:
@@ -219,6 +222,9 @@ class Session:
             return self._start_server(command, text, serve["assign"], serve["rest"])
         if re.search(r"(?<![&|])&\s*(#.*)?$", text.strip()):
             raise AssertionError(f"line {command.line}: only `tiered serve` may run in the background here")
+        if re.search(r"\btiered\s+serve\b", text.split(" #", 1)[0]):
+            # It would never end: the harness runs a server only as a command of its own.
+            raise AssertionError(f"line {command.line}: `tiered serve` must be a command of its own here")
         script = (
             self._prologue()
             + "{ "

@@ -42,7 +42,7 @@ def main() -> int:
     def make_listener(config: Any, handler: Any) -> Any:
         return LoopbackListener(real_make_listener(config, handler))
 
-    serve_module.make_listener = make_listener  # type: ignore[assignment]
+    serve_module.make_listener = make_listener
     return tiered_main(sys.argv[1:])
 
 

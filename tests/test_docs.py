@@ -37,6 +37,7 @@ from .docs_blocks import (
     Block,
     Command,
     ConfigOnly,
+    Document,
     ExpectExit,
     Setup,
     Shape,
@@ -66,8 +67,6 @@ from .docs_runner import (
 )
 from .docs_setups import SETUPS, DocSetup, setups_named
 from .server_process import ServerProcess
-
-pytestmark = pytest.mark.timeout(900)
 
 DOCUMENTS = load_documents(ROOT)
 BLOCKS = [block for doc in DOCUMENTS for block in doc.blocks]
@@ -118,8 +117,8 @@ def real_things(tmp_path_factory: pytest.TempPathFactory) -> RealThings:
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda d: d.path)
-def test_markers_belong_to_blocks(document: object) -> None:
-    assert not document.problems, "\n".join(map(str, document.problems))  # type: ignore[attr-defined]
+def test_markers_belong_to_blocks(document: Document) -> None:
+    assert not document.problems, "\n".join(map(str, document.problems))
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.where)
