@@ -21,7 +21,7 @@ The reader's machine, as the tests build it for each block (``Workspace``):
   docs give still win): it runs in the background until it logs
   ``tiered listening on``, stays up while the rest of the block runs, and
   must exit 0 on SIGTERM at the end;
-* no ``TIERED_*`` variable of the test's own environment leaks in.
+* no ``TIERED_*`` variable of the test's own environment leaks in (nor pytest's about this run).
 """
 
 from __future__ import annotations
@@ -119,7 +119,12 @@ def make_workspace(root: Path, admin_token: str, server_address: str | None = No
             ws.bin / "curl",
             f'exec {shlex.quote(curl)} --fail-with-body --silent --show-error --max-time 60 "$@"',
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERED_")}
+    # The reader's environment: none of the test run's own settings (tiered's, or pytest's about this run).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TIERED_", "PYTEST_XDIST_")) and k != "PYTEST_CURRENT_TEST"
+    }
     env["PATH"] = f"{ws.bin}{os.pathsep}{env.get('PATH', '')}"
     env["DOCS_REPO"] = str(ROOT)
     env["DOCS_ADMIN_TOKEN"] = admin_token

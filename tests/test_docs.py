@@ -403,3 +403,11 @@ def test_synopsis_flags_are_checked() -> None:
         "tiered cluster take-over has no option --force"
     ]
     assert synopsis_problems("some other command --x") == ["a synopsis must show a tiered command"]
+
+
+def test_a_console_block_runs_and_its_output_is_compared(tmp_path: Path) -> None:
+    (shown,) = _doc("```console\n$ export WHO=docs\n$ echo hello $WHO; echo more\nhello docs\n...\n```\n")
+    run_console_block(shown, make_workspace(tmp_path / "right", "token"))
+    (wrong,) = _doc("```console\n$ echo hello\ngoodbye\n```\n")
+    with pytest.raises(AssertionError, match="not what the docs show"):
+        run_console_block(wrong, make_workspace(tmp_path / "wrong", "token"))
