@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import s3_server
+from .deadlines import Deadline
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
 
@@ -115,10 +116,11 @@ def serving(srv: ServerProcess) -> set[int]:
 def wait_served(
     nodes: list[ServerProcess], shards: int, timeout: float, *, every_node: bool = False
 ) -> list[set[int]]:
-    """Wait (bounded) until every shard is served by one of ``nodes`` (and, optionally, each node serves some)."""
-    deadline = time.monotonic() + timeout
+    """Wait (bounded: ``timeout`` on an idle machine, scaled by the load) until every shard is served by
+    one of ``nodes`` (and, optionally, each node serves some)."""
+    deadline = Deadline(timeout)
     sets: list[set[int]] = []
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         sets = [serving(n) for n in nodes]
         if set().union(*sets) == set(range(shards)) and (not every_node or all(sets)):
             break

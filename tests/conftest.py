@@ -1,15 +1,29 @@
-"""Fixtures shared by every test module, and the session-wide record of S3 operations.
+"""Fixtures shared by every test module, the session-wide record of S3 operations, and the run's layout.
 
 The object-store fixtures live here, once, so that one moto server and one Ceph
 gateway serve the whole session (a session fixture bound in several modules
 would start one per module): ``aws_test_env`` and ``moto_s3``
 (``s3_server.py``), ``ceph_rgw`` and ``ceph_rgw_env`` (``ceph_rgw.py``),
-``moto_iam`` and ``s3_backend`` (``s3_backends.py``).
+``moto_iam`` and ``s3_backend`` (``s3_backends.py``); and the npm install of
+the official conformance suite, ``conformance_suite`` (``node_packages.py``).
 
-``s3_operations`` records, for the whole session, every S3 operation tiered's
+``s3_operations`` records, for the whole run, every S3 operation tiered's
 code makes, in this process and in the ``tiered`` subprocesses tests start
-(``s3_ops.py``). Tests marked ``after_s3_tests`` run last, when the record is
-complete: ``test_iam_policy.py`` compares it with ``terraform/iam.tf``.
+(``s3_ops.py``), in a directory every xdist worker shares (``run_dirs.py``).
+Tests marked ``after_s3_tests`` run last, when the record is complete
+(``s3_operations_complete``): ``test_iam_policy.py`` compares it with
+``terraform/iam.tf``.
+
+The run is spread over pytest-xdist workers (``-n auto --dist loadgroup`` in
+pyproject's addopts; ``-n 0`` runs it in one process). A worker's unit of work
+is a group (``pytest_collection_modifyitems``): a test module, so that its
+module-scoped servers start once; every test that uses Ceph RGW, so that one
+gateway serves them all; and the ``after_s3_tests``, dealt last and on their
+own. Under xdist each worker has its own session fixtures (its own moto
+server), which is safe: tests isolate by key prefix anyway.
+
+Every wait has a deadline for an idle machine, stretched by the measured load
+(``deadlines.py``); so is pytest-timeout's limit on each test.
 """
 
 from __future__ import annotations
@@ -17,16 +31,35 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from . import s3_ops
+from . import node_packages, run_dirs, s3_ops
 from .ceph_rgw import ceph_rgw, ceph_rgw_env
+from .deadlines import scaled, wait_for
 from .s3_backends import moto_iam, s3_backend
 from .s3_server import aws_test_env, moto_s3
 from .server_process import ServerProcess
 
 __all__ = ["aws_test_env", "ceph_rgw", "ceph_rgw_env", "moto_iam", "moto_s3", "s3_backend"]
+
+CONFORMANCE = Path(__file__).resolve().parent / "conformance"
+
+# How long the after_s3_tests wait for the other workers to finish theirs, on an idle machine (scaled):
+# a worker may have just started the longest group of the run when the last group is dealt.
+OTHER_WORKERS_S = 900.0
+
+# Groups dealt first, longest first, so that no worker is left running a long one alone at the end
+# (the rest follow in collection order). Only the order depends on this list, never a result.
+LONGEST_FIRST = (
+    "ceph-rgw",
+    "test_cluster_conformance",
+    "test_conformance",
+    "test_cluster_chaos",
+)
+CEPH_GROUP = "ceph-rgw"
+AFTER_GROUP = "after-s3-tests"
 
 
 @pytest.fixture
@@ -39,10 +72,23 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         srv.stop()
 
 
+@pytest.fixture(scope="session")
+def conformance_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The official conformance suite, installed once per run (``node_packages.py``)."""
+    node_packages.require_node("the official conformance suite")
+    return node_packages.install(
+        tmp_path_factory,
+        CONFORMANCE,
+        ("package.json", "suite.test.mjs"),
+        "@durable-streams/server-conformance-tests",
+        "TIERED_CONFORMANCE_HOME",
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def s3_operations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where this session's S3 operations are recorded (see ``s3_ops.py``)."""
-    directory = tmp_path_factory.mktemp("s3-operations")
+    """Where this run's S3 operations are recorded (see ``s3_ops.py``), shared by every worker."""
+    directory = run_dirs.shared(tmp_path_factory, "s3-operations")
     saved = os.environ.get(s3_ops.ENV)
     os.environ[s3_ops.ENV] = str(directory)
     s3_ops.install()
@@ -55,6 +101,65 @@ def s3_operations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ[s3_ops.ENV] = saved
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.fixture
+def s3_operations_complete(s3_operations: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The record, once every other xdist worker has run all its tests (``pytest_sessionfinish``).
+
+    This worker's own tests before this one are done: the after_s3_tests come last in its queue.
+    """
+    me = run_dirs.worker()
+    if me is None:
+        return s3_operations
+    others = {f"gw{i}" for i in range(run_dirs.worker_count())} - {me}
+    finished = run_dirs.shared(tmp_path_factory, "finished")
+
+    def waiting() -> set[str]:
+        return others - {path.name for path in finished.iterdir()}
+
+    wait_for(
+        lambda: not waiting(),
+        OTHER_WORKERS_S,
+        "the other workers to finish their tests",
+        interval=0.5,
+        explain=lambda: f"still running: {sorted(waiting())}",
+    )
+    return s3_operations
+
+
+def _group(item: pytest.Item) -> str:
+    if item.get_closest_marker("after_s3_tests") is not None:
+        return AFTER_GROUP
+    if "ceph" in item.nodeid or {"ceph_rgw", "ceph_rgw_env"} & set(getattr(item, "fixturenames", ())):
+        return CEPH_GROUP
+    return item.path.stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; tests that read the session's record go last.
     items.sort(key=lambda item: item.get_closest_marker("after_s3_tests") is not None)
+    if run_dirs.worker() is None or not config.getvalue("loadgroup"):
+        return
+    groups = {item: _group(item) for item in items}
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # xdist deals the groups in the order their first test comes (--no-loadscope-reorder).
+    items.sort(key=lambda item: (groups[item] == AFTER_GROUP, rank.get(groups[item], len(rank))))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under xdist: this worker ran all its tests; ``s3_operations_complete`` waits for that."""
+    name = run_dirs.worker()
+    factory: pytest.TempPathFactory | None = getattr(session.config, "_tmp_path_factory", None)
+    if name is not None and factory is not None:
+        (run_dirs.shared(factory, "finished") / name).touch()
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> Any:
+    """pytest-timeout's limit on a test, stretched by the load when the test starts, like its waits."""
+    import pytest_timeout
+
+    return pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=scaled(settings.timeout)))

@@ -45,6 +45,7 @@ from tiered.node import open_store
 from . import ceph_rgw as rgw
 from . import s3_server
 from .cluster_support import readiness, start_node, unique_prefix
+from .deadlines import Deadline, scaled, wait_for
 from .http_helpers import create, read, request, unique
 from .server_process import ServerProcess
 from .store_proxy import FaultPlan, StoreProxy
@@ -120,9 +121,9 @@ class Checker:
             acks = sorted(self.acked.get(stream, []))
             contents = []
             for srv in self.nodes.values():
-                deadline = time.monotonic() + 10 * TTL
+                deadline = Deadline(10 * TTL)
                 status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
-                while status == 503 and time.monotonic() < deadline:  # its shard is being handed over
+                while status == 503 and not deadline.expired():  # its shard is being handed over
                     time.sleep(0.2)
                     status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
                 assert status == 200, (stream, status, body)
@@ -145,8 +146,8 @@ def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None 
     A rejoin moves about a third of the shards, one handoff each (flush, release, fence, restore),
     and any append that meets one is a 503; on two loaded CPUs that took longer than 15 TTLs once.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         if checker.round(10, via or ["n1", "n2", "n3"]) == [204] * 10:
             return True
         time.sleep(0.3)
@@ -154,9 +155,10 @@ def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None 
 
 
 def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int]:
-    deadline = time.monotonic() + timeout
+    """Bounded (``timeout`` on an idle machine, scaled): until ``nodes`` serve every shard between them."""
+    deadline = Deadline(timeout)
     served: set[int] = set()
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         served = set()
         for srv in nodes.values():
             try:
@@ -215,8 +217,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     for i, stream in enumerate(streams):
         srv = list(nodes.values())[i % 3]
         statuses = [create(f"{srv.url}/v1/stream/{stream}")[0] for _ in range(1)]
-        deadline = time.monotonic() + 10 * TTL
-        while statuses[-1] == 503 and time.monotonic() < deadline:  # a shard still moving after start-up
+        deadline = Deadline(10 * TTL)
+        while statuses[-1] == 503 and not deadline.expired():  # a shard still moving after start-up
             time.sleep(0.2)
             statuses.append(create(f"{srv.url}/v1/stream/{stream}")[0])
         assert statuses[-1] in (200, 201), statuses
@@ -229,8 +231,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     # SIGKILL n1: its shards are taken over after TTL + margin and restored from the store.
     nodes["n1"].kill()
     statuses = checker.round(30, ["n2", "n3"])
-    deadline = time.monotonic() + 10 * TTL
-    while time.monotonic() < deadline and checker.round(1, ["n2", "n3"]) != [204]:
+    deadline = Deadline(10 * TTL)
+    while not deadline.expired() and checker.round(1, ["n2", "n3"]) != [204]:
         time.sleep(0.1)
     assert _wait_all_served({k: nodes[k] for k in ("n2", "n3")}, 10 * TTL) == set(range(SHARDS)), statuses
     assert _settles(checker, via=["n2", "n3"]), "n1's shards were not taken over"
@@ -244,9 +246,10 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     for t in in_flight:
         t.start()
     try:
-        time.sleep(3 * TTL)
-        deadline = time.monotonic() + 10 * TTL
-        while time.monotonic() < deadline and checker.round(1, ["n3"]) != [204]:
+        # Stopped until its shards are n3's (n2 declared dead past its TTL): every shard, n1 being dead.
+        assert _wait_all_served({"n3": nodes["n3"]}, 10 * TTL) == set(range(SHARDS))
+        deadline = Deadline(10 * TTL)
+        while not deadline.expired() and checker.round(1, ["n3"]) != [204]:
             time.sleep(0.1)
         checker.round(20, ["n3"])
     finally:
@@ -267,7 +270,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     cluster.proxy.set("refuse")
     try:
         checker.round(10, ["n3"])
-        time.sleep(3 * TTL)
+        # Cut off until its peers serve every shard between them (n3 declared dead past its TTL).
+        assert _wait_all_served({k: nodes[k] for k in ("n1", "n2")}, 10 * TTL) == set(range(SHARDS))
         checker.round(20, ["n1", "n2", "n3"])
     finally:
         cluster.proxy.set("forward")
@@ -352,7 +356,7 @@ class Producer:
     def run(self, count: int) -> None:
         for seq in range(count):
             chunk = f"<p{seq}:".encode() + os.urandom(16).hex().encode() + b">"
-            deadline = time.monotonic() + 12 * TTL
+            deadline = Deadline(12 * TTL)
             while True:
                 try:
                     status, _, _ = request(
@@ -373,7 +377,7 @@ class Producer:
                     self.acked.append(chunk)
                     break
                 assert status in (0, 503), status  # never a 409 (a gap) nor a 500
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     self.gave_up = chunk  # it may have landed; no later seq is sent (that would be a gap)
                     return
                 self.retries += 1
@@ -450,9 +454,9 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     streams = [unique("faults") for _ in range(8)]
     for i, stream in enumerate(streams):
         srv = list(nodes.values())[i % 3]
-        deadline = time.monotonic() + 10 * TTL
+        deadline = Deadline(10 * TTL)
         status = create(f"{srv.url}/v1/stream/{stream}")[0]
-        while status == 503 and time.monotonic() < deadline:
+        while status == 503 and not deadline.expired():
             time.sleep(0.2)
             status = create(f"{srv.url}/v1/stream/{stream}")[0]
         assert status in (200, 201), status
@@ -486,10 +490,11 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     producer = Producer(nodes[via].url, stream)
     thread = threading.Thread(target=producer.run, args=(60,))
     thread.start()
-    time.sleep(0.5)
+    wait_for(lambda: producer.acked or not thread.is_alive(), 10 * TTL, "a producer append through the owner")
     nodes[owner].kill()
     before = len(producer.acked)
-    time.sleep(4 * TTL)
+    # Its shard taken over (the owner's TTL, then a restore), the resent appends land at the new owner.
+    wait_for(lambda: len(producer.acked) > before or not thread.is_alive(), 20 * TTL, "the new owner")
     producer.stop.set()
     thread.join(timeout=60)
     assert not thread.is_alive()
@@ -514,7 +519,7 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
         if srv.proc is not None:
             srv.proc.send_signal(signal.SIGTERM)
     for srv in nodes.values():
-        assert srv.proc is not None and srv.proc.wait(30) == 0  # a clean stop: every shard handed off
+        assert srv.proc is not None and srv.proc.wait(scaled(30)) == 0  # a clean stop: every shard handed off
     stopped = time.time()
     for k, v in cluster.store.env.items():
         monkeypatch.setenv(k, v)

@@ -33,11 +33,6 @@ from tiered.errors import ErrorCode, TieredError
 from . import ceph_rgw as rgw
 from . import s3_server
 
-aws_test_env = s3_server.aws_test_env
-moto_s3 = s3_server.moto_s3
-ceph_rgw = rgw.ceph_rgw
-ceph_rgw_env = rgw.ceph_rgw_env
-
 pytestmark = pytest.mark.timeout(300)
 
 TIMING = LeaseTiming(ttl_s=1.5, margin_s=0.3)
