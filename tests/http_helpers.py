@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deadlines import scaled
 from .server_process import ServerProcess
 
 Headers = http.client.HTTPMessage
@@ -291,7 +292,7 @@ class SseReader:
     def read_until(
         self, done: Callable[[list[SseEvent]], bool], timeout: float | None = None
     ) -> list[SseEvent]:
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + scaled(timeout or self.timeout)
         while not done(self.events):
             if self.eof:
                 raise AssertionError(f"SSE stream ended early; events={self.events!r}")
@@ -301,7 +302,7 @@ class SseReader:
         return self.events
 
     def read_to_eof(self, timeout: float | None = None) -> list[SseEvent]:
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + scaled(timeout or self.timeout)
         while not self.eof:
             if time.monotonic() > deadline:
                 raise AssertionError(f"SSE stream did not end; events={self.events!r}")

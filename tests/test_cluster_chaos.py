@@ -1,6 +1,7 @@
 """Three ``tiered serve`` nodes, object-store durability, faults: no acknowledged append is ever lost.
 
-Three processes on loopback share one prefix (8 shards, lease TTL 1.5 s, WAL
+Three processes on loopback share one prefix (8 shards, lease TTL 1.5 s on an
+idle machine, stretched by the load like every wait: ``deadlines.py``; WAL
 interval 100 ms). A checker appends unique chunks through random nodes while
 it SIGKILLs a node, SIGSTOPs another past its TTL (with appends in flight to
 it) and resumes it, and restarts the killed node under the same id and data
@@ -53,7 +54,7 @@ from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 
-TTL = 1.5
+TTL = 1.5  # the lease TTL on an idle machine; a cluster gets it scaled by the load when it starts
 SHARDS = 8
 STREAMS = 12
 
@@ -171,18 +172,25 @@ def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int
     return served
 
 
+def lease_ttl() -> float:
+    """The nodes' lease TTL: heartbeats late by more than that (a starved process, a store answering
+    slowly under load) get a live node declared dead, which the test's kills and pauses do on purpose."""
+    return round(scaled(TTL), 2)
+
+
 @dataclass
 class Cluster:
     nodes: dict[str, ServerProcess]
     store: Store
     prefix: str
     proxy: TcpProxy  # between n3 and the store
+    ttl_s: float = field(default_factory=lease_ttl)
 
     def start(self, base: Path, name: str) -> ServerProcess:
         store = replace(self.store, url=self.proxy.url) if name == "n3" else self.store
         self.nodes[name] = start_node(
             base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
+            shards=SHARDS, ttl_s=self.ttl_s, durability="object-store", wal_interval_ms=100,
         )  # fmt: skip
         return self.nodes[name]
 
@@ -305,12 +313,13 @@ class FaultyCluster:
     store: Store
     prefix: str
     proxy: StoreProxy  # between every node and the store
+    ttl_s: float = field(default_factory=lease_ttl)
 
     def start(self, base: Path, name: str) -> ServerProcess:
         store = replace(self.store, url=self.proxy.url)
         self.nodes[name] = start_node(
             base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
+            shards=SHARDS, ttl_s=self.ttl_s, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
         )  # fmt: skip
         return self.nodes[name]
 

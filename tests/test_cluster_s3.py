@@ -32,6 +32,7 @@ from tiered.errors import ErrorCode, TieredError
 
 from . import ceph_rgw as rgw
 from . import s3_server
+from .deadlines import scaled
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,7 +112,7 @@ def test_the_adapter_gives_the_protocol_its_conditional_writes(target: Target) -
 async def _until(
     what: str, check: Callable[[], bool], step: Callable[[], Awaitable[None]], limit_s: float
 ) -> None:
-    deadline = time.monotonic() + limit_s
+    deadline = time.monotonic() + scaled(limit_s)
     while not check():
         assert time.monotonic() < deadline, f"not within {limit_s} s: {what}"
         await step()

@@ -46,6 +46,8 @@ from tiered.streams.records import (
 )
 from tiered.streams.state import StreamState
 
+from .deadlines import scaled
+
 OCTET = "application/octet-stream"
 EMPTY_INDEX = ChunkIndex(0, 0, (), ())
 
@@ -478,7 +480,7 @@ def slice_kinds(svc: Node, path: str) -> set[str]:
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

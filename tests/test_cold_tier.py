@@ -45,7 +45,7 @@ from moto.server import ThreadedMotoServer
 from tiered.ids import format_offset, parse_offset
 
 from . import s3_backends, s3_server
-from .deadlines import Deadline
+from .deadlines import Deadline, scaled
 from .http_helpers import request
 from .server_process import ServerProcess, free_port
 
@@ -604,7 +604,7 @@ class RestartableMoto:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while True:  # ThreadedMotoServer.start() would hang forever on EADDRINUSE
             with socket.socket() as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -692,7 +692,7 @@ def test_s3_outage_caps_hot_data_fails_cold_reads_fast_and_recovers(
 
         moto.start()
         back = time.monotonic()
-        deadline = back + 60
+        deadline = back + scaled(60)
         while True:
             status, headers = append(srv.url, hot, rng.randbytes(10_000), expect=503)
             if status == 204:
