@@ -64,6 +64,7 @@ class ServerProcess:
                         return self
             except OSError:
                 time.sleep(0.05)
+        self.kill()  # not left running behind the failure: nobody would stop it
         raise RuntimeError(f"server did not come up within {deadline}:\n{self.log()}")
 
     def ssl_context(self) -> ssl.SSLContext | None:

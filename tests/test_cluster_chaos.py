@@ -32,13 +32,15 @@ import pytest
 
 from tiered.cli.verify import load_state_read_only
 from tiered.cluster import keys
-from tiered.cluster.cas import ObjectStoreCas
+from tiered.cluster.cas import CasError, ObjectStoreCas
 from tiered.cluster.manifest import decode_entry
 from tiered.cluster.shards import shard_of
 from tiered.cluster.wal import restore
 from tiered.cluster.wal_gc import check_pruned_chain
 from tiered.cluster.wal_index import wal_prefix
+from tiered.cold.store import ObjectStoreError
 from tiered.config import Config
+from tiered.errors import TieredError
 from tiered.hot.segment import parse_segment_name
 from tiered.ids import DEFAULT_BUCKET
 from tiered.node import open_store
@@ -54,7 +56,9 @@ from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 
-TTL = 1.5  # the lease TTL on an idle machine; a cluster gets it scaled by the load when it starts
+TTL = (
+    1.5  # the lease TTL on an idle machine; a cluster gets it scaled by the load (cluster_support.lease_ttl)
+)
 SHARDS = 8
 STREAMS = 12
 
@@ -172,25 +176,18 @@ def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int
     return served
 
 
-def lease_ttl() -> float:
-    """The nodes' lease TTL: heartbeats late by more than that (a starved process, a store answering
-    slowly under load) get a live node declared dead, which the test's kills and pauses do on purpose."""
-    return round(scaled(TTL), 2)
-
-
 @dataclass
 class Cluster:
     nodes: dict[str, ServerProcess]
     store: Store
     prefix: str
     proxy: TcpProxy  # between n3 and the store
-    ttl_s: float = field(default_factory=lease_ttl)
 
     def start(self, base: Path, name: str) -> ServerProcess:
         store = replace(self.store, url=self.proxy.url) if name == "n3" else self.store
         self.nodes[name] = start_node(
             base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=self.ttl_s, durability="object-store", wal_interval_ms=100,
+            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
         )  # fmt: skip
         return self.nodes[name]
 
@@ -313,13 +310,12 @@ class FaultyCluster:
     store: Store
     prefix: str
     proxy: StoreProxy  # between every node and the store
-    ttl_s: float = field(default_factory=lease_ttl)
 
     def start(self, base: Path, name: str) -> ServerProcess:
         store = replace(self.store, url=self.proxy.url)
         self.nodes[name] = start_node(
             base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=self.ttl_s, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
+            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
         )  # fmt: skip
         return self.nodes[name]
 
@@ -395,6 +391,36 @@ class Producer:
                 return
 
 
+async def _garbage_older_than(config: Config, scratch: Path, horizon_wall: float) -> list[str]:
+    """While the nodes run: what reconciliation should have released or deleted by now.
+
+    Each shard is restored from the store as a new owner would (read-only): the cold objects under
+    its ``data/`` that its journal does not know (not even as a copy in flight), and the WAL objects
+    no commit references and no checkpoint released, last written before ``horizon_wall``.
+    """
+    store = await open_store(config, read_only=True, probe=False)
+    found: list[str] = []
+    try:
+        listed = {info.key: info async for info in store.list("")}
+        for shard in range(SHARDS):
+            directory = scratch / f"{shard:04d}"
+            index = await restore(store, ObjectStoreCas(store), shard, directory)
+            state = load_state_read_only(Config(data_dir=str(directory)))
+            base, live = f"shards/{shard:04d}/", index.referenced()
+            for key, info in listed.items():
+                if info.last_modified.timestamp() >= horizon_wall:
+                    continue
+                if key.startswith(base + "data/"):
+                    name = key[len(base) :]
+                    if name not in state.cold_objects and name not in state.copies_in_flight:
+                        found.append(key)
+                elif key.startswith(wal_prefix(shard)) and key not in live and key not in index.released:
+                    found.append(key)
+    finally:
+        await store.close()
+    return found
+
+
 async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str, int]:
     """Read the store as a restore would: nothing referenced is missing, nothing unreferenced is left over.
 
@@ -429,7 +455,10 @@ async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str
             live = index.referenced()
             assert live <= listed.keys(), f"shard {shard}: GC deleted WAL objects the chain references"
             for key in (k for k in listed if k.startswith(wal_prefix(shard))):
-                assert key in live or key in index.released, f"shard {shard}: WAL object {key} leaked"
+                age = stopped_wall - listed[key].last_modified.timestamp()
+                assert key in live or key in index.released, (
+                    f"shard {shard}: WAL object {key} leaked (written {age:.1f} s before the stop)"
+                )
                 # Released and still there: only if released lately (the grace, then the next GC pass).
                 assert key in live or index.released[key] >= recent_ms, f"shard {shard}: {key} not deleted"
             segments = [
@@ -448,7 +477,10 @@ async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str
             young = stopped_wall - (RECONCILE_S + GRACE_S + 10)
             for key, info in listed.items():
                 if key.startswith(base + "data/") and key[len(base) :] not in state.cold_objects:
-                    assert info.last_modified.timestamp() >= young, f"shard {shard}: cold object {key} leaked"
+                    age = stopped_wall - info.last_modified.timestamp()
+                    assert info.last_modified.timestamp() >= young, (
+                        f"shard {shard}: cold object {key} leaked (written {age:.1f} s before the stop)"
+                    )
     finally:
         await store.close()
     return figures
@@ -521,15 +553,6 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     if producer.gave_up is not None:
         assert body.count(producer.gave_up) <= 1
 
-    # Healed and quiet: reconciliation (every RECONCILE_S) releases what nothing references, and the
-    # released is deleted after GRACE_S. Then a clean stop (handoff: snapshot, ship, checkpoint).
-    time.sleep(RECONCILE_S + GRACE_S + 2)
-    for srv in nodes.values():  # all at once: nobody takes a shard over from a stopping peer
-        if srv.proc is not None:
-            srv.proc.send_signal(signal.SIGTERM)
-    for srv in nodes.values():
-        assert srv.proc is not None and srv.proc.wait(scaled(30)) == 0  # a clean stop: every shard handed off
-    stopped = time.time()
     for k, v in cluster.store.env.items():
         monkeypatch.setenv(k, v)
     config = Config(
@@ -541,6 +564,29 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
         s3_region=cluster.store.region,
         s3_addressing_style="path",
     )
+    # Healed and quiet: reconciliation (every RECONCILE_S) releases what nothing references, and the
+    # released is deleted after GRACE_S: wait until nothing older than that is left (on a loaded
+    # machine the passes come later than their interval, so no fixed time is enough).
+    garbage: list[str] = []
+
+    def reconciled() -> bool:
+        nonlocal garbage
+        horizon = time.time() - (RECONCILE_S + GRACE_S + 2)
+        try:
+            garbage = asyncio.run(_garbage_older_than(config, tmp_path / "live", horizon))
+        except (ObjectStoreError, CasError, TieredError) as exc:  # pruned while restoring: again
+            garbage = [f"(restore failed: {exc!r})"]
+        return not garbage
+
+    wait_for(reconciled, 30, "reconciliation", interval=1, explain=lambda: f"left over: {garbage[:5]}")
+    # Then a clean stop (handoff: snapshot, ship, checkpoint). No GC runs while the nodes stop, so the
+    # audit counts ages from the moment they were asked to, however long the stop takes.
+    stopped = time.time()
+    for srv in nodes.values():  # all at once: nobody takes a shard over from a stopping peer
+        if srv.proc is not None:
+            srv.proc.send_signal(signal.SIGTERM)
+    for srv in nodes.values():
+        assert srv.proc is not None and srv.proc.wait(scaled(30)) == 0  # a clean stop: every shard handed off
     figures = asyncio.run(_audit(config, tmp_path / "audit", stopped))
     print("store faults applied:", applied, "audit:", figures)
     assert figures["wal_live"] > 0 and figures["cold_live"] > 0, figures
