@@ -14,13 +14,15 @@ Tests marked ``after_s3_tests`` run last, when the record is complete
 (``s3_operations_complete``): ``test_iam_policy.py`` compares it with
 ``terraform/iam.tf``.
 
-The run is spread over pytest-xdist workers (``-n auto --dist loadgroup`` in
-pyproject's addopts; ``-n 0`` runs it in one process). A worker's unit of work
-is a group (``pytest_collection_modifyitems``): a test module, so that its
-module-scoped servers start once; every test that uses Ceph RGW, so that one
+The run is spread over pytest-xdist workers (``-n auto --dist loadscope`` in
+pyproject's addopts; ``-n 0`` runs it in one process), in units of work
+(``_unit``, dealt by ``xdist_units.Scheduling``): a whole test module when its
+tests share a module- or class-scoped fixture (a server started once for
+them), else each test alone; every test that uses Ceph RGW, so that one
 gateway serves them all; and the ``after_s3_tests``, dealt last and on their
-own. Under xdist each worker has its own session fixtures (its own moto
-server), which is safe: tests isolate by key prefix anyway.
+own. The longest are dealt first (``LONGEST_FIRST``), so that no worker is
+left with one at the end. Under xdist each worker has its own session
+fixtures (its own moto server), which is safe: tests isolate by key prefix.
 
 Every wait has a deadline for an idle machine, stretched by the measured load
 (``deadlines.py``); so is pytest-timeout's limit on each test.
@@ -50,16 +52,23 @@ CONFORMANCE = Path(__file__).resolve().parent / "conformance"
 # a worker may have just started the longest group of the run when the last group is dealt.
 OTHER_WORKERS_S = 900.0
 
-# Groups dealt first, longest first, so that no worker is left running a long one alone at the end
-# (the rest follow in collection order). Only the order depends on this list, never a result.
+# Dealt first, longest first (a serial run's time per module, CI's Ceph group at the head), so that
+# no worker is left running a long one alone at the end; the rest follow in collection order. Only
+# the order depends on this list, never a result.
 LONGEST_FIRST = (
     "ceph-rgw",
+    "test_conformance",  # four runs of the official suite, each its own unit
     "test_cluster_conformance",
-    "test_conformance",
+    "test_cluster_property",
     "test_cluster_chaos",
+    "test_cluster_tokens",
+    "test_cluster_serve",
+    "test_cluster_fork",
+    "test_cold_tier",
+    "test_crash_recovery",
 )
-CEPH_GROUP = "ceph-rgw"
-AFTER_GROUP = "after-s3-tests"
+CEPH_UNIT = "ceph-rgw"
+AFTER_UNIT = "after-s3-tests"
 
 
 @pytest.fixture
@@ -126,35 +135,53 @@ def s3_operations_complete(s3_operations: Path, tmp_path_factory: pytest.TempPat
     return s3_operations
 
 
-def _group(item: pytest.Item) -> str:
+def _unit(item: pytest.Item) -> str:
+    """The item's unit of work under xdist (see the module docstring)."""
     if item.get_closest_marker("after_s3_tests") is not None:
-        return AFTER_GROUP
+        return AFTER_UNIT
     if "ceph" in item.nodeid or {"ceph_rgw", "ceph_rgw_env"} & set(getattr(item, "fixturenames", ())):
-        return CEPH_GROUP
-    return item.path.stem
+        return CEPH_UNIT
+    info = getattr(item, "_fixtureinfo", None)
+    scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs} if info else {"module"}
+    return str(item.path) if scopes & {"module", "class", "package"} else item.nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; tests that read the session's record go last.
     items.sort(key=lambda item: item.get_closest_marker("after_s3_tests") is not None)
-    if run_dirs.worker() is None or not config.getvalue("loadgroup"):
+    if run_dirs.worker() is None:  # not distributed (or the controller, which collects nothing)
         return
-    groups = {item: _group(item) for item in items}
+    units = {item: _unit(item) for item in items}
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    # xdist deals the groups in the order their first test comes (--no-loadscope-reorder).
-    items.sort(key=lambda item: (groups[item] == AFTER_GROUP, rank.get(groups[item], len(rank))))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        unit = units[item]
+        return unit == AFTER_UNIT, rank.get(unit if unit == CEPH_UNIT else item.path.stem, len(rank))
+
+    items.sort(key=order)  # units are dealt in the order of their first test (--no-loadscope-reorder)
+    from .xdist_units import write
+
+    write(run_dirs.of_config(config), {item.nodeid: units[item] for item in items})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """On the controller: deal the units the workers wrote (``xdist_units.py``), for ``--dist loadscope``."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from .xdist_units import Scheduling
+
+    return Scheduling(config, log, run_dirs.of_config(config))
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Under xdist: this worker ran all its tests; ``s3_operations_complete`` waits for that."""
     name = run_dirs.worker()
-    factory: pytest.TempPathFactory | None = getattr(session.config, "_tmp_path_factory", None)
-    if name is not None and factory is not None:
-        (run_dirs.shared(factory, "finished") / name).touch()
+    if name is not None:
+        finished = run_dirs.of_config(session.config) / "finished"
+        finished.mkdir(exist_ok=True)
+        (finished / name).touch()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

@@ -8,6 +8,7 @@ outlives pytest's own clean-up of old base temp dirs (it keeps the last three):
 * ``s3-operations/``: every process's record of the S3 operations tiered made
   (``s3_ops.py``), read by the last test of the run (``test_iam_policy.py``);
 * ``finished/``: one file per worker whose tests are all done (``conftest.py``);
+* ``xdist-units.json``: how the run is cut into units of work (``xdist_units.py``);
 * ``npm/``: the conformance suite's and the TypeScript client's npm installs,
   made once per run by the first worker that needs them (``node_packages.py``).
 """
@@ -36,6 +37,12 @@ def run_dir(factory: pytest.TempPathFactory) -> Path:
     """The run's base temp dir, the same for every worker."""
     base = factory.getbasetemp()
     return base.parent if worker() else base
+
+
+def of_config(config: pytest.Config) -> Path:
+    """``run_dir`` where no fixture is at hand (hooks): pytest's own factory for the run."""
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    return run_dir(factory)
 
 
 def shared(factory: pytest.TempPathFactory, name: str) -> Path:
