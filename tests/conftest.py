@@ -47,6 +47,7 @@ from .server_process import ServerProcess
 __all__ = ["aws_test_env", "ceph_rgw", "ceph_rgw_env", "moto_iam", "moto_s3", "s3_backend"]
 
 CONFORMANCE = Path(__file__).resolve().parent / "conformance"
+TIMEOUT_CAP_S = 1800.0
 
 # How long the after_s3_tests wait for the other workers to finish theirs, on an idle machine (scaled):
 # a worker may have just started the longest group of the run when the last group is dealt.
@@ -186,7 +187,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> Any:
-    """pytest-timeout's limit on a test, stretched by the load when the test starts, like its waits."""
+    """pytest-timeout's limit on a test, stretched by the load when the test starts, like its waits,
+    to at most ``TIMEOUT_CAP_S`` (a hung test must still end well within CI's time)."""
     import pytest_timeout
 
-    return pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=scaled(settings.timeout)))
+    limit = min(scaled(settings.timeout), max(settings.timeout, TIMEOUT_CAP_S))
+    return pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=limit))

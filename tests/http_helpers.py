@@ -61,11 +61,12 @@ def request(
     timeout: float = 15.0,
     chunked: bool = False,
 ) -> tuple[int, Headers, bytes]:
-    """One HTTP/1.1 request on a fresh connection: ``(status, headers, body)``."""
+    """One HTTP/1.1 request on a fresh connection: ``(status, headers, body)``; ``timeout`` (how long
+    a client waits for the answer, on an idle machine) is stretched by the load (``deadlines.py``)."""
     host, port, target = _split(url)
     if isinstance(body, str):
         body = body.encode()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=scaled(timeout))
     try:
         conn.putrequest(method, target, skip_accept_encoding=True)
         hdrs = dict(headers or {})
