@@ -25,7 +25,8 @@ left with one at the end. Under xdist each worker has its own session
 fixtures (its own moto server), which is safe: tests isolate by key prefix.
 
 Every wait has a deadline for an idle machine, stretched by the measured load
-(``deadlines.py``); so is pytest-timeout's limit on each test.
+(``deadlines.py``); so is pytest-timeout's limit on each test. Hypothesis runs
+without its per-example deadline (the ``tiered`` profile).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from . import node_packages, run_dirs, s3_ops
 from .ceph_rgw import ceph_rgw, ceph_rgw_env
@@ -45,6 +47,14 @@ from .s3_server import aws_test_env, moto_s3
 from .server_process import ServerProcess
 
 __all__ = ["aws_test_env", "ceph_rgw", "ceph_rgw_env", "moto_iam", "moto_s3", "s3_backend"]
+
+# Property tests assert properties, not speed (speed goals live in bench/): no per-example deadline
+# and no "too slow" health check, both of which a loaded machine trips. A test's own settings still
+# win; under CI hypothesis's own CI profile is the parent.
+settings.register_profile(
+    "tiered", parent=settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("tiered")
 
 CONFORMANCE = Path(__file__).resolve().parent / "conformance"
 TIMEOUT_CAP_S = 1800.0
