@@ -12,8 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from . import s3_server
+from .deadlines import Deadline, load_factor
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
+
+# The load factor each cluster (one object-store prefix) got when its first node started.
+_LEASE_SCALE: dict[str, float] = {}
+
+
+def lease_ttl(prefix: str, ttl_s: float) -> float:
+    """``ttl_s`` (the lease TTL a test chose for an idle machine) stretched by the load, the same for
+    every node of the cluster on ``prefix`` (whenever it starts: nodes must agree on the TTL).
+
+    A heartbeat later than the TTL gets a live node declared dead. On a loaded machine a starved node,
+    or the store answering slowly, misses a short TTL: the cluster churns (shards move, requests meet
+    503s) where the test meant a stable one. Tests' waits stretch by the same factor (deadlines.py).
+    """
+    return round(ttl_s * _LEASE_SCALE.setdefault(prefix, load_factor()), 2)
 
 
 def cluster_args(
@@ -36,7 +51,7 @@ def cluster_args(
         "--s3-addressing-style", "path",
         "--cluster-node-id", node_id,
         "--cluster-shards", str(shards),
-        "--cluster-lease-ttl-s", str(ttl_s),
+        "--cluster-lease-ttl-s", str(lease_ttl(prefix, ttl_s)),
         "--durability", durability,
         "--cluster-wal-interval-ms", str(wal_interval_ms),
         "--long-poll-timeout-s", "2",
@@ -115,10 +130,11 @@ def serving(srv: ServerProcess) -> set[int]:
 def wait_served(
     nodes: list[ServerProcess], shards: int, timeout: float, *, every_node: bool = False
 ) -> list[set[int]]:
-    """Wait (bounded) until every shard is served by one of ``nodes`` (and, optionally, each node serves some)."""
-    deadline = time.monotonic() + timeout
+    """Wait (bounded: ``timeout`` on an idle machine, scaled by the load) until every shard is served by
+    one of ``nodes`` (and, optionally, each node serves some)."""
+    deadline = Deadline(timeout)
     sets: list[set[int]] = []
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         sets = [serving(n) for n in nodes]
         if set().union(*sets) == set(range(shards)) and (not every_node or all(sets)):
             break

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deadlines import scaled
 from .server_process import ServerProcess
 
 Headers = http.client.HTTPMessage
@@ -60,11 +61,12 @@ def request(
     timeout: float = 15.0,
     chunked: bool = False,
 ) -> tuple[int, Headers, bytes]:
-    """One HTTP/1.1 request on a fresh connection: ``(status, headers, body)``."""
+    """One HTTP/1.1 request on a fresh connection: ``(status, headers, body)``; ``timeout`` (how long
+    a client waits for the answer, on an idle machine) is stretched by the load (``deadlines.py``)."""
     host, port, target = _split(url)
     if isinstance(body, str):
         body = body.encode()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=scaled(timeout))
     try:
         conn.putrequest(method, target, skip_accept_encoding=True)
         hdrs = dict(headers or {})
@@ -293,7 +295,7 @@ class SseReader:
     def read_until(
         self, done: Callable[[list[SseEvent]], bool], timeout: float | None = None
     ) -> list[SseEvent]:
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + scaled(timeout or self.timeout)
         while not done(self.events):
             if self.eof:
                 raise AssertionError(f"SSE stream ended early; events={self.events!r}")
@@ -303,7 +305,7 @@ class SseReader:
         return self.events
 
     def read_to_eof(self, timeout: float | None = None) -> list[SseEvent]:
-        deadline = time.monotonic() + (timeout or self.timeout)
+        deadline = time.monotonic() + scaled(timeout or self.timeout)
         while not self.eof:
             if time.monotonic() > deadline:
                 raise AssertionError(f"SSE stream did not end; events={self.events!r}")

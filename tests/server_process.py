@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from .deadlines import Deadline, scaled
 from .s3_ops import tiered_command
 
 
@@ -51,8 +52,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout)  # for an idle machine: stretched by the load (deadlines.py)
+        while not deadline.expired():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
@@ -63,7 +64,8 @@ class ServerProcess:
                         return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"server did not come up:\n{self.log()}")
+        self.kill()  # not left running behind the failure: nobody would stop it
+        raise RuntimeError(f"server did not come up within {deadline}:\n{self.log()}")
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """How to trust the server's certificate (plain HTTP: none needed)."""
@@ -88,7 +90,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(scaled(20))
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode

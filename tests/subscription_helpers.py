@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from .deadlines import scaled
 from .http_helpers import Headers, request
 
 Respond = Callable[[int, dict[str, Any]], tuple[int, Any]]
@@ -67,7 +68,7 @@ class WebhookReceiver:
 
     def wait_for(self, count: int = 1, timeout: float = 10.0) -> Received:
         """The ``count``-th request (1-based), waiting for it."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         with self._cond:
             while len(self.received) < count:
                 left = deadline - time.monotonic()
@@ -122,7 +123,7 @@ def call(
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         value = predicate()
         if value:

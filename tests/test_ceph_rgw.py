@@ -46,6 +46,7 @@ from tiered.cold.store import (
 from . import ceph_rgw as rgw
 from . import http_helpers as http
 from . import s3_server
+from .deadlines import scaled
 from .server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -662,7 +663,7 @@ def test_tiered_serve_keeps_its_cold_tier_in_the_gateway(served: tuple) -> None:
         listed = client.list_objects_v2(Bucket=endpoint.bucket, Prefix=f"{prefix}/data/")
         return [item["Key"] for item in listed.get("Contents", [])]
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while not data_keys():
         assert time.monotonic() < deadline, f"no cold object appeared in the gateway:\n{srv.log()}"
         time.sleep(0.05)

@@ -32,6 +32,7 @@ from tiered.streams.locators import LOCATOR_HEADER, decode_locator
 
 from .auth_support import ADMIN, OPERATOR, AuthServer, bearer
 from .cluster_support import cluster_args, cluster_env, readiness, start_node, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import Headers, request, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -122,7 +123,7 @@ def _stream(pair: tuple[Node, Node], content_type: str, chunks: list[bytes]) -> 
 
 def _wait_cold(other: Node, path: str, reader: dict[str, str]) -> None:
     """Until a read at offset 0 through the non-owner is answered from the store (bounded)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline:
         status, headers, body = _get(other.url + path, 0, reader)
         assert status == 200, body
@@ -330,7 +331,7 @@ def test_a_flipped_byte_in_the_cold_object_is_an_integrity_error_through_the_non
     owner, other = pair
     path, reader = _stream(pair, "application/octet-stream", [os.urandom(3000) for _ in range(4)])
     # The owner's locator says where the stream's first bytes are (asked for directly: it is harmless).
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:
         status, headers, body = _get(owner.url + path, 0, {**reader, LOCATOR_HEADER: "1"})
         assert status == 200
@@ -396,7 +397,7 @@ def test_object_store_durability_any_node_serves_the_others_cold_reads(
             assert request("POST", url, {"Content-Type": "application/octet-stream"}, payload[i])[0] == 204
         for i, name in streams.items():
             owner, other = nodes[i], nodes[1 - i]
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             while True:
                 status, headers, body = _get(f"{other.url}/v1/stream/{name}", 0, {})
                 if headers.get("Tiered-Served-By") or time.monotonic() > deadline:

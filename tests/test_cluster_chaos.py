@@ -1,6 +1,7 @@
 """Three ``tiered serve`` nodes, object-store durability, faults: no acknowledged append is ever lost.
 
-Three processes on loopback share one prefix (8 shards, lease TTL 1.5 s, WAL
+Three processes on loopback share one prefix (8 shards, lease TTL 1.5 s on an
+idle machine, stretched by the load like every wait: ``deadlines.py``; WAL
 interval 100 ms). A checker appends unique chunks through random nodes while
 it SIGKILLs a node, SIGSTOPs another past its TTL (with appends in flight to
 it) and resumes it, and restarts the killed node under the same id and data
@@ -31,13 +32,15 @@ import pytest
 
 from tiered.cli.verify import load_state_read_only
 from tiered.cluster import keys
-from tiered.cluster.cas import ObjectStoreCas
+from tiered.cluster.cas import CasError, ObjectStoreCas
 from tiered.cluster.manifest import decode_entry
 from tiered.cluster.shards import shard_of
 from tiered.cluster.wal import restore
 from tiered.cluster.wal_gc import check_pruned_chain
 from tiered.cluster.wal_index import wal_prefix
+from tiered.cold.store import ObjectStoreError
 from tiered.config import Config
+from tiered.errors import TieredError
 from tiered.hot.segment import parse_segment_name
 from tiered.ids import DEFAULT_BUCKET
 from tiered.node import open_store
@@ -45,6 +48,7 @@ from tiered.node import open_store
 from . import ceph_rgw as rgw
 from . import s3_server
 from .cluster_support import readiness, start_node, unique_prefix
+from .deadlines import Deadline, scaled, wait_for
 from .http_helpers import create, read, request, unique
 from .server_process import ServerProcess
 from .store_proxy import FaultPlan, StoreProxy
@@ -52,7 +56,9 @@ from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 
-TTL = 1.5
+TTL = (
+    1.5  # the lease TTL on an idle machine; a cluster gets it scaled by the load (cluster_support.lease_ttl)
+)
 SHARDS = 8
 STREAMS = 12
 
@@ -120,9 +126,9 @@ class Checker:
             acks = sorted(self.acked.get(stream, []))
             contents = []
             for srv in self.nodes.values():
-                deadline = time.monotonic() + 10 * TTL
+                deadline = Deadline(10 * TTL)
                 status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
-                while status == 503 and time.monotonic() < deadline:  # its shard is being handed over
+                while status == 503 and not deadline.expired():  # its shard is being handed over
                     time.sleep(0.2)
                     status, _, body = read(f"{srv.url}/v1/stream/{stream}", "-1")
                 assert status == 200, (stream, status, body)
@@ -145,8 +151,8 @@ def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None 
     A rejoin moves about a third of the shards, one handoff each (flush, release, fence, restore),
     and any append that meets one is a 503; on two loaded CPUs that took longer than 15 TTLs once.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout)
+    while not deadline.expired():
         if checker.round(10, via or ["n1", "n2", "n3"]) == [204] * 10:
             return True
         time.sleep(0.3)
@@ -154,9 +160,10 @@ def _settles(checker: Checker, timeout: float = 30 * TTL, via: list[str] | None 
 
 
 def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int]:
-    deadline = time.monotonic() + timeout
+    """Bounded (``timeout`` on an idle machine, scaled): until ``nodes`` serve every shard between them."""
+    deadline = Deadline(timeout)
     served: set[int] = set()
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         served = set()
         for srv in nodes.values():
             try:
@@ -215,8 +222,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     for i, stream in enumerate(streams):
         srv = list(nodes.values())[i % 3]
         statuses = [create(f"{srv.url}/v1/stream/{stream}")[0] for _ in range(1)]
-        deadline = time.monotonic() + 10 * TTL
-        while statuses[-1] == 503 and time.monotonic() < deadline:  # a shard still moving after start-up
+        deadline = Deadline(10 * TTL)
+        while statuses[-1] == 503 and not deadline.expired():  # a shard still moving after start-up
             time.sleep(0.2)
             statuses.append(create(f"{srv.url}/v1/stream/{stream}")[0])
         assert statuses[-1] in (200, 201), statuses
@@ -229,8 +236,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     # SIGKILL n1: its shards are taken over after TTL + margin and restored from the store.
     nodes["n1"].kill()
     statuses = checker.round(30, ["n2", "n3"])
-    deadline = time.monotonic() + 10 * TTL
-    while time.monotonic() < deadline and checker.round(1, ["n2", "n3"]) != [204]:
+    deadline = Deadline(10 * TTL)
+    while not deadline.expired() and checker.round(1, ["n2", "n3"]) != [204]:
         time.sleep(0.1)
     assert _wait_all_served({k: nodes[k] for k in ("n2", "n3")}, 10 * TTL) == set(range(SHARDS)), statuses
     assert _settles(checker, via=["n2", "n3"]), "n1's shards were not taken over"
@@ -244,9 +251,10 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     for t in in_flight:
         t.start()
     try:
-        time.sleep(3 * TTL)
-        deadline = time.monotonic() + 10 * TTL
-        while time.monotonic() < deadline and checker.round(1, ["n3"]) != [204]:
+        # Stopped until its shards are n3's (n2 declared dead past its TTL): every shard, n1 being dead.
+        assert _wait_all_served({"n3": nodes["n3"]}, 10 * TTL) == set(range(SHARDS))
+        deadline = Deadline(10 * TTL)
+        while not deadline.expired() and checker.round(1, ["n3"]) != [204]:
             time.sleep(0.1)
         checker.round(20, ["n3"])
     finally:
@@ -267,7 +275,8 @@ def test_no_acknowledged_append_is_lost_through_kills_pauses_restarts_and_store_
     cluster.proxy.set("refuse")
     try:
         checker.round(10, ["n3"])
-        time.sleep(3 * TTL)
+        # Cut off until its peers serve every shard between them (n3 declared dead past its TTL).
+        assert _wait_all_served({k: nodes[k] for k in ("n1", "n2")}, 10 * TTL) == set(range(SHARDS))
         checker.round(20, ["n1", "n2", "n3"])
     finally:
         cluster.proxy.set("forward")
@@ -352,7 +361,7 @@ class Producer:
     def run(self, count: int) -> None:
         for seq in range(count):
             chunk = f"<p{seq}:".encode() + os.urandom(16).hex().encode() + b">"
-            deadline = time.monotonic() + 12 * TTL
+            deadline = Deadline(12 * TTL)
             while True:
                 try:
                     status, _, _ = request(
@@ -373,13 +382,43 @@ class Producer:
                     self.acked.append(chunk)
                     break
                 assert status in (0, 503), status  # never a 409 (a gap) nor a 500
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     self.gave_up = chunk  # it may have landed; no later seq is sent (that would be a gap)
                     return
                 self.retries += 1
                 time.sleep(0.1)
             if self.stop.is_set():
                 return
+
+
+async def _garbage_older_than(config: Config, scratch: Path, horizon_wall: float) -> list[str]:
+    """While the nodes run: what reconciliation should have released or deleted by now.
+
+    Each shard is restored from the store as a new owner would (read-only): the cold objects under
+    its ``data/`` that its journal does not know (not even as a copy in flight), and the WAL objects
+    no commit references and no checkpoint released, last written before ``horizon_wall``.
+    """
+    store = await open_store(config, read_only=True, probe=False)
+    found: list[str] = []
+    try:
+        listed = {info.key: info async for info in store.list("")}
+        for shard in range(SHARDS):
+            directory = scratch / f"{shard:04d}"
+            index = await restore(store, ObjectStoreCas(store), shard, directory)
+            state = load_state_read_only(Config(data_dir=str(directory)))
+            base, live = f"shards/{shard:04d}/", index.referenced()
+            for key, info in listed.items():
+                if info.last_modified.timestamp() >= horizon_wall:
+                    continue
+                if key.startswith(base + "data/"):
+                    name = key[len(base) :]
+                    if name not in state.cold_objects and name not in state.copies_in_flight:
+                        found.append(key)
+                elif key.startswith(wal_prefix(shard)) and key not in live and key not in index.released:
+                    found.append(key)
+    finally:
+        await store.close()
+    return found
 
 
 async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str, int]:
@@ -416,7 +455,10 @@ async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str
             live = index.referenced()
             assert live <= listed.keys(), f"shard {shard}: GC deleted WAL objects the chain references"
             for key in (k for k in listed if k.startswith(wal_prefix(shard))):
-                assert key in live or key in index.released, f"shard {shard}: WAL object {key} leaked"
+                age = stopped_wall - listed[key].last_modified.timestamp()
+                assert key in live or key in index.released, (
+                    f"shard {shard}: WAL object {key} leaked (written {age:.1f} s before the stop)"
+                )
                 # Released and still there: only if released lately (the grace, then the next GC pass).
                 assert key in live or index.released[key] >= recent_ms, f"shard {shard}: {key} not deleted"
             segments = [
@@ -435,7 +477,10 @@ async def _audit(config: Config, scratch: Path, stopped_wall: float) -> dict[str
             young = stopped_wall - (RECONCILE_S + GRACE_S + 10)
             for key, info in listed.items():
                 if key.startswith(base + "data/") and key[len(base) :] not in state.cold_objects:
-                    assert info.last_modified.timestamp() >= young, f"shard {shard}: cold object {key} leaked"
+                    age = stopped_wall - info.last_modified.timestamp()
+                    assert info.last_modified.timestamp() >= young, (
+                        f"shard {shard}: cold object {key} leaked (written {age:.1f} s before the stop)"
+                    )
     finally:
         await store.close()
     return figures
@@ -450,9 +495,9 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     streams = [unique("faults") for _ in range(8)]
     for i, stream in enumerate(streams):
         srv = list(nodes.values())[i % 3]
-        deadline = time.monotonic() + 10 * TTL
+        deadline = Deadline(10 * TTL)
         status = create(f"{srv.url}/v1/stream/{stream}")[0]
-        while status == 503 and time.monotonic() < deadline:
+        while status == 503 and not deadline.expired():
             time.sleep(0.2)
             status = create(f"{srv.url}/v1/stream/{stream}")[0]
         assert status in (200, 201), status
@@ -486,10 +531,11 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     producer = Producer(nodes[via].url, stream)
     thread = threading.Thread(target=producer.run, args=(60,))
     thread.start()
-    time.sleep(0.5)
+    wait_for(lambda: producer.acked or not thread.is_alive(), 10 * TTL, "a producer append through the owner")
     nodes[owner].kill()
     before = len(producer.acked)
-    time.sleep(4 * TTL)
+    # Its shard taken over (the owner's TTL, then a restore), the resent appends land at the new owner.
+    wait_for(lambda: len(producer.acked) > before or not thread.is_alive(), 20 * TTL, "the new owner")
     producer.stop.set()
     thread.join(timeout=60)
     assert not thread.is_alive()
@@ -507,15 +553,6 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
     if producer.gave_up is not None:
         assert body.count(producer.gave_up) <= 1
 
-    # Healed and quiet: reconciliation (every RECONCILE_S) releases what nothing references, and the
-    # released is deleted after GRACE_S. Then a clean stop (handoff: snapshot, ship, checkpoint).
-    time.sleep(RECONCILE_S + GRACE_S + 2)
-    for srv in nodes.values():  # all at once: nobody takes a shard over from a stopping peer
-        if srv.proc is not None:
-            srv.proc.send_signal(signal.SIGTERM)
-    for srv in nodes.values():
-        assert srv.proc is not None and srv.proc.wait(30) == 0  # a clean stop: every shard handed off
-    stopped = time.time()
     for k, v in cluster.store.env.items():
         monkeypatch.setenv(k, v)
     config = Config(
@@ -527,6 +564,29 @@ def test_store_faults_under_every_node_lose_nothing_and_the_gc_leaks_nothing(
         s3_region=cluster.store.region,
         s3_addressing_style="path",
     )
+    # Healed and quiet: reconciliation (every RECONCILE_S) releases what nothing references, and the
+    # released is deleted after GRACE_S: wait until nothing older than that is left (on a loaded
+    # machine the passes come later than their interval, so no fixed time is enough).
+    garbage: list[str] = []
+
+    def reconciled() -> bool:
+        nonlocal garbage
+        horizon = time.time() - (RECONCILE_S + GRACE_S + 2)
+        try:
+            garbage = asyncio.run(_garbage_older_than(config, tmp_path / "live", horizon))
+        except (ObjectStoreError, CasError, TieredError) as exc:  # pruned while restoring: again
+            garbage = [f"(restore failed: {exc!r})"]
+        return not garbage
+
+    wait_for(reconciled, 30, "reconciliation", interval=1, explain=lambda: f"left over: {garbage[:5]}")
+    # Then a clean stop (handoff: snapshot, ship, checkpoint). No GC runs while the nodes stop, so the
+    # audit counts ages from the moment they were asked to, however long the stop takes.
+    stopped = time.time()
+    for srv in nodes.values():  # all at once: nobody takes a shard over from a stopping peer
+        if srv.proc is not None:
+            srv.proc.send_signal(signal.SIGTERM)
+    for srv in nodes.values():
+        assert srv.proc is not None and srv.proc.wait(scaled(30)) == 0  # a clean stop: every shard handed off
     figures = asyncio.run(_audit(config, tmp_path / "audit", stopped))
     print("store faults applied:", applied, "audit:", figures)
     assert figures["wal_live"] > 0 and figures["cold_live"] > 0, figures

@@ -30,6 +30,7 @@ from tiered.streams.model import CreateRequest, ForkCopy, ForkRequest
 from tiered.streams.state import StreamState
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import append, create, head, read_all, request, stream_url, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -198,7 +199,7 @@ def test_an_acknowledged_cross_shard_fork_survives_its_owners_sigkill(
     fork_owner.kill()
     survivors = [source_owner, entry]
     fork_shard = shard_of(DEFAULT_BUCKET, fork_name, SHARDS)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline and not any(fork_shard in serving(n) for n in survivors):
         time.sleep(0.2)
     for node in survivors:
@@ -278,7 +279,7 @@ def test_a_pin_whose_fork_is_gone_is_swept_and_a_live_forks_pin_is_kept(sweeping
     # A pin left behind by a fork that was never created (as after a crash between the two steps).
     orphan = pin_name(DEFAULT_BUCKET, unique("never-created"), DEFAULT_BUCKET, shard_of(DEFAULT_BUCKET, orphan_src, SHARDS), SHARDS)  # fmt: skip
     assert create(stream_url(base, orphan), None, Stream_Forked_From=f"/v1/stream/{orphan_src}")[0] == 201
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline and head(stream_url(base, orphan))[0] != 404:
         time.sleep(0.2)
     assert head(stream_url(base, orphan))[0] == 404

@@ -23,6 +23,7 @@ from tiered.cluster.shards import shard_of
 from tiered.ids import format_offset
 
 from .cluster_support import cluster_args, cluster_env, readiness, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import append, create, read, request, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -58,7 +59,7 @@ def nodes(
             )
             started[node] = ServerProcess(base / node, *args, env=env).start(timeout=40)
         m1, m2 = started["m1"], started["m2"]
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + scaled(40)
         while time.monotonic() < deadline:
             sets = wait_served([m1, m2], SHARDS, 5, every_node=True)
             if sets == [{0, 1}, {2, 3}]:
@@ -104,7 +105,7 @@ def rounds(srv: ServerProcess) -> int:
 
 
 def until(check: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if check():
             return

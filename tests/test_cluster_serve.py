@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from .cluster_support import readiness, start_node, unique_prefix
+from .deadlines import scaled
 from .http_helpers import append, create, read, request, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -55,7 +56,7 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def _until(check: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if check():  # type: ignore[operator]
             return True
@@ -114,7 +115,7 @@ def test_a_paused_owner_is_not_forwarded_to_and_acknowledges_nothing_after_its_w
     # back (local durability: their data is on its disk). Until then it refuses, never acknowledges.
     url_owner = f"{owner.url}/v1/stream/{name}"
     statuses = []
-    deadline = time.monotonic() + 6 * TTL
+    deadline = time.monotonic() + scaled(6 * TTL)
     while time.monotonic() < deadline:
         status = post(url_owner, b"after")[0]
         statuses.append(status)

@@ -29,6 +29,7 @@ from tiered.subscriptions.records import LinksSkipped, SigningKeyAdded, StreamGo
 from tiered.subscriptions.state import CombinedStreams, StateStreams, SubscriptionState
 
 from .cluster_support import serving, start_node, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import append, create, read_all, request, stream_url, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -130,7 +131,7 @@ def test_pull_wake_subscription_sees_streams_of_two_other_nodes(trio: list[Serve
     assert pending == {path_a: False, path_b: True}
 
     # Wake events went to the wake stream in another shard.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     events: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         data, _ = read_all(stream_url(base, wake_name))
@@ -142,7 +143,7 @@ def test_pull_wake_subscription_sees_streams_of_two_other_nodes(trio: list[Serve
 
     # A deleted stream is unlinked (its shard reports it gone).
     assert request("DELETE", stream_url(base, path_a))[0] == 204
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     linked: set[str] = set()
     while time.monotonic() < deadline:
         status, view = call("GET", sub)

@@ -43,6 +43,7 @@ from tiered.http.types import Request, Response
 from tiered.ids import DEFAULT_BUCKET
 
 from .cluster_support import cluster_env, serving, start_node, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import request, stream_url, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -185,7 +186,7 @@ def trio(
         # Until placement settled on rendezvous over all three: a token install meeting a
         # handoff is refused with 503 (by design; the client retries), which no test here is about.
         want = [{s for s, n in enumerate(assignment(SHARDS, ["n1", "n2", "n3"])) if n == name} for name in ("n1", "n2", "n3")]  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline and wait_served(nodes, SHARDS, 5, every_node=True) != want:
             time.sleep(0.2)
         assert wait_served(nodes, SHARDS, 1) == want
@@ -257,7 +258,7 @@ def test_wake_events_reach_another_nodes_shard_without_an_admin_token(
     )
     assert status == 201, body
     assert request("PUT", stream_url(nodes[others[1]].url, path), auth(admin, **JSON), b'{"n": 1}')[0] == 201
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     events: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not events:
         status, _, data = request("GET", stream_url(base, wake) + "?offset=-1", auth(admin))
@@ -283,7 +284,7 @@ def test_an_orphan_pin_is_swept_without_an_admin_token(trio: tuple[str, list[Ser
     assert request("PUT", stream_url(base, orphan), forked)[0] == 201
     assert request("DELETE", stream_url(base, source), auth(admin))[0] == 204
     assert request("HEAD", stream_url(base, source), auth(admin))[0] == 410  # pinned: soft-deleted
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline and request("HEAD", stream_url(base, orphan), auth(admin))[0] != 404:
         time.sleep(0.2)
     assert request("HEAD", stream_url(base, orphan), auth(admin))[0] == 404

@@ -31,6 +31,7 @@ from tiered.ids import DEFAULT_BUCKET
 from tiered.node import open_store
 
 from .cluster_support import cluster_args, serving, start_node, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import create, read, request, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -172,7 +173,7 @@ async def _cold_objects(config: Config, shard: int) -> dict[str, int]:
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)

@@ -25,6 +25,7 @@ from tiered.cluster.shards import shard_of
 from tiered.ids import format_offset
 
 from .cluster_support import cluster_args, cluster_env, unique_prefix, wait_served
+from .deadlines import scaled
 from .http_helpers import request, unique
 from .s3_server import S3Endpoint
 from .server_process import ServerProcess
@@ -55,7 +56,7 @@ def _start(
             started[node] = ServerProcess(base / node, *args, env=env).start(timeout=40)
         want = [{s for s, n in OWNERS_OF(names).items() if n == node} for node in names]
         servers = [started[n] for n in names]
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + scaled(40)
         while time.monotonic() < deadline:
             if wait_served(servers, SHARDS, 5, every_node=True) == want:
                 break
@@ -208,7 +209,7 @@ def test_a_token_issued_through_one_node_works_in_every_shard_through_both(
 
 
 def _served_from_store(via: ServerProcess, stream: str, auth: dict[str, str]) -> tuple[int, bytes]:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:
         status, headers, body = request("GET", stream + f"?offset={format_offset(CHUNK)}", auth)
         if headers.get("Tiered-Served-By") == "m1" or time.monotonic() > deadline:
@@ -448,7 +449,7 @@ def test_catch_up_reads_served_by_a_non_owner_are_counted_once(nodes: dict[str, 
     data = bytes(range(256)) * 40  # 10240 bytes: 2.5 chunks
     assert request("PUT", url(t2, bucket, name), {**auth, **BIN}, data)[0] == 201
     reads = egress = served = 0
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while served < 3 and time.monotonic() < deadline:
         status, headers, body = request(
             "GET", url(t1, bucket, name) + f"?offset={format_offset(CHUNK)}", auth
@@ -468,7 +469,7 @@ def test_catch_up_reads_served_by_a_non_owner_are_counted_once(nodes: dict[str, 
         return row["requests"]["read"], row["egress_bytes"]["hot"] + row["egress_bytes"]["cold"]
 
     for via in (t2, t1):  # m2 knows m1's reads once m1 published them (every 0.2 s)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + scaled(15)
         while counted(via) != (reads, egress) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert counted(via) == (reads, egress)

@@ -46,6 +46,8 @@ from tiered.streams.records import (
 )
 from tiered.streams.state import StreamState
 
+from .deadlines import scaled
+
 OCTET = "application/octet-stream"
 EMPTY_INDEX = ChunkIndex(0, 0, (), ())
 
@@ -362,7 +364,10 @@ def test_applied_trims_drop_hot_chunks_and_reads_go_cold() -> None:
 _KEY_RE = re.compile(r"data/[0-9A-HJKMNP-TV-Z]{26}\.parquet")
 
 
-@pytest.mark.parametrize("now_ms", [0, 1, 1_733_140_000_000, int(time.time() * 1000), 2**48 - 1])
+@pytest.mark.parametrize(
+    "now_ms",  # "now" by name: xdist's workers must collect the same test ids
+    [0, 1, 1_733_140_000_000, pytest.param(int(time.time() * 1000), id="now"), 2**48 - 1],
+)
 def test_object_key_round_trips_its_time(now_ms: int) -> None:
     key = new_object_key(now_ms)
     assert _KEY_RE.fullmatch(key), key
@@ -478,7 +483,7 @@ def slice_kinds(svc: Node, path: str) -> set[str]:
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.gc_support import journal_records, object_files
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
@@ -61,7 +62,7 @@ def metric(srv: ServerProcess, name: str) -> float:
 
 
 def wait_for(cond: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

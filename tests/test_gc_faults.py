@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.gc_support import (
     ControlledStore,
     Harness,
@@ -509,7 +510,7 @@ def test_sigkill_after_erasure_then_gc_after_restart(tmp_path: Path) -> None:
         )
 
     def wait(cond: Any) -> None:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + scaled(15)
         while not cond():
             assert time.monotonic() < deadline, "timed out"
             time.sleep(0.05)

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.deadlines import scaled
 from tests.error_helpers import http_status
 from tests.gc_support import Harness, VirtualClock, journal_records, make_config, object_files
 from tests.http_helpers import append, create, read, read_all, request, stream_url
@@ -232,7 +233,7 @@ def _metric(srv: ServerProcess, name: str) -> float:
 
 
 def _wait(cond, what: str, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -321,7 +322,7 @@ def test_crossing_flush_bytes_flushes_the_data_that_crossed_it(tmp_path: Path) -
             await svc.streams.append(
                 "default", "s", AppendRequest("application/octet-stream", b"x" * 70_000, False)
             )
-            deadline = time.monotonic() + 2
+            deadline = time.monotonic() + scaled(2)
             while svc.state.hot_bytes and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert svc.state.hot_bytes == 0, "70,000 bytes > --flush-bytes are waiting, and stay hot"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tiered.ids import parse_offset
 
+from .deadlines import scaled
 from .http_helpers import append, create, request, stream_url
 from .server_process import ServerProcess
 
@@ -182,7 +183,7 @@ def test_consumers_and_server_killed_at_random(tmp_path: Path) -> None:
         stop.clear()
         mon = threading.Thread(target=monitor, daemon=True)
         mon.start()
-        settle_deadline = time.monotonic() + SETTLE_S
+        settle_deadline = time.monotonic() + scaled(SETTLE_S)
         missing: set[tuple[str, int]] = set(acked)
         at_tail = False
         while time.monotonic() < settle_deadline:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.http_helpers import Background, SseReader, append, create, read, request, stream_url, tail
 from tests.server_process import ServerProcess
 
@@ -116,16 +117,16 @@ def test_a_reader_that_disconnects_frees_its_slot(srv: ServerProcess) -> None:
     for live in ("long-poll", "sse", "long-poll"):
         with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
             sock.sendall(f"GET {path}&live={live} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + scaled(5)
             while _live_readers(srv) == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert _live_readers(srv) == 1
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         while _live_readers(srv) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _live_readers(srv) == 0, f"{live}: the slot is still held by a reader that left"
     waiting = [Background(lambda: read(u, offset, live="long-poll")) for _ in range(2)]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + scaled(5)
     while _live_readers(srv) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert read(u, offset, live="long-poll")[0] == 503  # both slots taken

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .deadlines import scaled
 from .http_helpers import (
     Background,
     SseEvent,
@@ -530,13 +531,13 @@ def test_readers_that_disconnect_free_their_waiter_slot_at_once(
         for round_ in range(3):  # more clients than slots come and go, each leaving at once
             _open_and_drop(srv, path + "&live=long-poll")
             _open_and_drop(srv, path + "&live=sse")
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + scaled(1.0)
             while _live_readers(srv) and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert _live_readers(srv) == 0, f"round {round_}: slots still held by readers that left"
         # Both slots are free: two readers park, a third is refused.
         waiting = [Background(lambda: read(url, tail_offset, live="long-poll")) for _ in range(2)]
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         while _live_readers(srv) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert read(url, tail_offset, live="long-poll")[0] == 503

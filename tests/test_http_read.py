@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .deadlines import scaled
 from .http_helpers import (
     append,
     assert_security_headers,
@@ -395,7 +396,7 @@ def test_reads_stay_byte_exact_after_data_moves_to_the_cold_tier(
     }
     assert request("PUT", f, fork_headers, b"own")[0] == 201
     expected = b"".join(chunks)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while not any(data_dir.rglob("*.parquet")) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.5)  # let the flusher finish and drop hot copies

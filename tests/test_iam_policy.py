@@ -8,7 +8,8 @@
   IAM action AWS documents for it.
 * What the policy grants: ``data.aws_iam_policy_document.tiered_s3``, parsed
   from the HCL with python-hcl2 and rendered as Terraform would.
-* The check (run last, ``after_s3_tests``) fails if the policy lacks an action
+* The check (run last, ``after_s3_tests``: under xdist, once every other worker
+  has run all its tests, ``s3_operations_complete``) fails if the policy lacks an action
   the code needs, or grants one the code never uses; and if iam.tf's own table
   of operations (``local.tiered_s3_operation_actions``) has drifted from either.
 
@@ -154,8 +155,11 @@ def policy_gaps(operations: set[str], granted: set[str]) -> tuple[set[str], set[
 
 
 @pytest.mark.after_s3_tests
-def test_policy_grants_exactly_what_the_code_uses(store_paths_taken: None, s3_operations: Path) -> None:
-    recorded = s3_ops.recorded(s3_operations)
+@pytest.mark.timeout(1800)  # it may wait for another worker's longest module (conftest.py)
+def test_policy_grants_exactly_what_the_code_uses(
+    store_paths_taken: None, s3_operations_complete: Path
+) -> None:
+    recorded = s3_ops.recorded(s3_operations_complete)
     print(f"S3 operations tiered's code made this session: {sorted(recorded)}")
     unknown = recorded - set(S3_OPERATION_ACTIONS)
     assert not unknown, (

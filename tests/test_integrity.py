@@ -26,6 +26,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.deadlines import scaled
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
 
@@ -67,7 +68,7 @@ def metric(srv: ServerProcess, name: str) -> float:
 
 
 def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

@@ -26,6 +26,7 @@ import hcl2
 import pytest
 
 from tests.auth_support import OPERATOR, AuthServer, bearer
+from tests.deadlines import scaled
 from tests.gc_support import ControlledStore, HttpHarness, VirtualClock, make_config
 from tests.http_helpers import request
 from tests.metrics_helpers import families, samples, scrape, scrape_text
@@ -47,7 +48,7 @@ METRIC_NAME = re.compile(r"\btiered_[a-z0-9_]+")
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

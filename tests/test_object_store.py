@@ -40,6 +40,7 @@ from tiered.cold.store import (
     ReadOnlyStore,
 )
 
+from .deadlines import Deadline
 from .s3_server import S3Endpoint
 
 pytestmark = pytest.mark.timeout(60)
@@ -705,7 +706,10 @@ def test_s3_cancelled_multipart_is_aborted(moto_s3: S3Endpoint) -> None:
     async def scenario(store: S3Store) -> None:
         store._s3.meta.events.register("before-send.s3.UploadPart", stall)
         upload = asyncio.create_task(store.put("big", os.urandom(MIN_PART_SIZE + 10)))
-        await asyncio.sleep(0.2)
+        deadline = Deadline(10)
+        while not _incomplete_uploads(moto_s3, store):  # until it started; its first part stalls
+            assert not deadline.expired(), f"the multipart upload did not start within {deadline}"
+            await asyncio.sleep(0.05)
         assert len(_incomplete_uploads(moto_s3, store)) == 1
         upload.cancel()
         with pytest.raises(asyncio.CancelledError):

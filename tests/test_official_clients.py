@@ -3,16 +3,14 @@
 * Python: ``durable-streams`` 0.1.0 (PyPI, in the dev extra): create, append,
   catch-up, long-poll and SSE reads with a token; without it, a 401.
 * TypeScript: ``@durable-streams/client`` 0.2.7, pinned in
-  ``tests/clients/package.json`` and installed on first use into
-  ``$TIERED_CLIENTS_HOME`` (default ``~/.cache/tiered-clients``). Without
-  node/npm the test skips, except under CI (``CI=true``).
+  ``tests/clients/package.json`` and installed once per run into the run's
+  temp dir (``node_packages.py``). Without node/npm the test skips, except
+  under CI (``CI=true``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -23,6 +21,8 @@ import pytest
 
 from tests.auth_support import OPERATOR, AuthServer, bearer
 from tests.http_helpers import request
+
+from . import node_packages
 
 pytestmark = pytest.mark.timeout(600)
 HERE = Path(__file__).parent / "clients"
@@ -82,31 +82,21 @@ def test_python_client_with_a_token(srv: AuthServer) -> None:
     assert getattr(err.value, "status", None) == 403
 
 
-def _clients_home() -> Path:
-    home = Path(os.environ.get("TIERED_CLIENTS_HOME", Path.home() / ".cache" / "tiered-clients"))
-    home.mkdir(parents=True, exist_ok=True)
-    for name in ("package.json", "ts_client.mjs"):
-        src, dst = HERE / name, home / name
-        if not dst.exists() or dst.read_bytes() != src.read_bytes():
-            shutil.copyfile(src, dst)
-            if name == "package.json":
-                shutil.rmtree(home / "node_modules", ignore_errors=True)
-    if not (home / "node_modules" / "@durable-streams" / "client").exists():
-        subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=home,
-            check=True,
-            timeout=600,
-        )
-    return home
+@pytest.fixture(scope="module")
+def typescript_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned client installed (once per run) beside ``ts_client.mjs``, which drives it."""
+    node_packages.require_node("the TypeScript client")
+    return node_packages.install(
+        tmp_path_factory,
+        HERE,
+        ("package.json", "ts_client.mjs"),
+        "@durable-streams/client",
+        "TIERED_CLIENTS_HOME",
+    )
 
 
-def test_typescript_client_with_a_token(srv: AuthServer) -> None:
-    if not (shutil.which("node") and shutil.which("npm")):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("node and npm are required under CI to run the TypeScript client")
-        pytest.skip("node and npm are not installed")
-    home = _clients_home()
+def test_typescript_client_with_a_token(srv: AuthServer, typescript_client: Path) -> None:
+    home = typescript_client
     token = srv.token("acme", "write")["token"]
     url = f"{srv.url}/v1/buckets/acme/stream/ts/events"
     started = time.monotonic()

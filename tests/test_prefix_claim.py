@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.http_helpers import request
 from tests.s3_backends import WITHOUT_IAM, S3Backend
 from tests.server_process import ServerProcess
@@ -50,7 +51,7 @@ def server(data: Path, backend: S3Backend, *extra: str) -> ServerProcess:
 
 
 def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.deadlines import scaled
 from tests.gc_support import Harness, VirtualClock, make_config
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
@@ -94,7 +95,7 @@ def test_ready_only_after_recovery_and_an_answer_from_the_store(tmp_path: Path) 
 def test_a_live_server_gets_ready_by_itself(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "data", "--store-probe-interval-s", "0.2").start()
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + scaled(15)
         while (status := request("GET", srv.url + "/readyz")[0]) != 200 and time.monotonic() < deadline:
             assert status == 503
             time.sleep(0.05)

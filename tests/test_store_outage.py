@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests import s3_server
+from tests.deadlines import scaled
 from tests.http_helpers import request
 from tests.server_process import ServerProcess
 from tests.tcp_proxy import proxy_to
@@ -36,7 +37,7 @@ def metric(srv: ServerProcess, name: str) -> float:
 
 
 def wait_for(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.auth_support import OPERATOR, AuthServer, bearer
+from tests.deadlines import scaled
 from tests.gc_support import HttpHarness, VirtualClock, make_config
 from tests.http_helpers import request
 from tests.metrics_helpers import samples
@@ -235,7 +236,7 @@ def test_usage_after_sigkill_equals_the_acknowledged_work(tmp_path: Path) -> Non
                     "Producer-Epoch": "0",
                     "Producer-Seq": str(seq),
                 }
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + scaled(60)
                 while True:  # retry the same (producer, epoch, seq) until it is acknowledged
                     if time.monotonic() > deadline or stop.is_set():
                         errors.append(f"p{p} seq {seq}: never acknowledged")
@@ -261,7 +262,7 @@ def test_usage_after_sigkill_equals_the_acknowledged_work(tmp_path: Path) -> Non
         try:
             for _ in range(3):  # kill it while appends are in flight, restart on the same data dir
                 target = sum(acked) + producers * appends // 5
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + scaled(30)
                 while sum(acked) < target and time.monotonic() < deadline and not errors:
                     time.sleep(0.01)
                 srv.kill()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from .deadlines import scaled
 from .http_helpers import request
 from .s3_backends import ALL, S3Backend
 from .s3_ops import tiered_command
@@ -30,7 +31,7 @@ def _flushed_data_dir(tmp_path: Path) -> Path:
             for j in range(5):
                 body = bytes([i, j]) * (100 + 37 * j)
                 assert request("POST", url, {"Content-Type": "application/octet-stream"}, body)[0] == 204
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while time.monotonic() < deadline and not list((data / "cold" / "data").glob("*.parquet")):
             time.sleep(0.1)
         time.sleep(0.5)  # let the last pass commit
@@ -111,7 +112,7 @@ def test_verify_and_reconciliation_on_s3(s3_backend: S3Backend, tmp_path: Path) 
             for j in range(3):
                 body = bytes([i, j]) * (100 + 37 * j)
                 assert request("POST", url, {"Content-Type": "application/octet-stream"}, body)[0] == 204
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while not s3_backend.keys("data/"):
             assert time.monotonic() < deadline, f"nothing reached the store:\n{srv.log()}"
             time.sleep(0.1)
