@@ -58,3 +58,10 @@ def s3_operations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Stable: everything else keeps its order; tests that read the session's record go last.
     items.sort(key=lambda item: item.get_closest_marker("after_s3_tests") is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "network: needs PyPI (skipped with the reason when it cannot be reached, except under CI=true)",
+    )
