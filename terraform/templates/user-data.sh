@@ -69,9 +69,39 @@ python3.11 -m venv "$VENV"
 "$VENV/bin/pip" install --disable-pip-version-check --no-cache-dir --no-index \
   --find-links "$WHEELHOUSE" --require-hashes -r "$WHEELHOUSE/requirements.txt"
 
+# A cluster node: its id (the instance id) and the URL its peers forward to (its private
+# address), from the instance metadata (IMDSv2), once: they do not change for an instance.
+node_env=()
+if [[ -n ${NODE_ENV_FILE:-} ]]; then
+  : "${IMDS_ENDPOINT:?}" "${PORT:?}"
+  imds_token=$(curl -fsS --max-time 5 -X PUT "$IMDS_ENDPOINT/latest/api/token" \
+    -H 'X-aws-ec2-metadata-token-ttl-seconds: 60')
+  metadata() { curl -fsS --max-time 5 -H "X-aws-ec2-metadata-token: $imds_token" "$IMDS_ENDPOINT/latest/meta-data/$1"; }
+  instance_id=$(metadata instance-id)
+  address=$(metadata local-ipv4)
+  if [[ ! $instance_id =~ ^i-[0-9a-f]+$ || ! $address =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
+    log "unexpected instance metadata: id '$instance_id', address '$address'"
+    exit 1
+  fi
+  install -d -m 0755 "$(dirname "$NODE_ENV_FILE")"
+  printf 'TIERED_CLUSTER_NODE_ID=%s\nTIERED_CLUSTER_ADVERTISE_URL=http://%s:%s\n' \
+    "$instance_id" "$address" "$PORT" >"$NODE_ENV_FILE"
+  node_env=("$NODE_ENV_FILE")
+fi
+
 # Refuse to go on with a configuration tiered would refuse (unknown keys, bad values),
-# before anything is started.
-"$VENV/bin/python" -c 'import sys; from tiered.config import load_config; load_config(sys.argv[1], env={})' "$CONFIG_FILE"
+# before anything is started (with the node's environment, as tiered.service runs it).
+"$VENV/bin/python" -c '
+import sys
+from tiered.config import load_config
+env = {}
+for path in sys.argv[2:]:
+    for line in open(path):
+        name, sep, value = line.strip().partition("=")
+        if sep:
+            env[name] = value
+load_config(sys.argv[1], env=env)
+' "$CONFIG_FILE" "${node_env[@]}"
 
 # Metrics first, so disk use and the scrape are there from the start.
 "$CWAGENT_CTL" -a fetch-config -m ec2 -s -c "file:$CWAGENT_CONFIG"
