@@ -193,8 +193,10 @@ def test_example_calls_the_module_with_its_variables(example: Module, module: Mo
 
 def test_templates_referenced_exist_and_none_is_orphaned(module: Module) -> None:
     referenced = set()
-    for text in module.strings():
-        referenced |= set(re.findall(r"templates/([\w.-]+)", text))
+    # The cluster module (terraform/cluster) shares these templates as ${local.templates}/...
+    for mod in (module, Module(TERRAFORM / "cluster")):
+        for text in mod.strings():
+            referenced |= set(re.findall(r"templates\}?/([\w.-]+)", text))
     present = {p.name for p in TEMPLATES.iterdir() if p.is_file()}
     assert referenced, "no template referenced"
     assert referenced <= present, f"missing templates: {sorted(referenced - present)}"
@@ -641,8 +643,17 @@ def test_no_default_or_document_names_a_package_on_a_public_index() -> None:
     texts += [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     for path in texts:
         text = path.read_text(errors="replace")
-        for bad in ("pip install tiered", "tiered_package", "tiered_version", "pip install 'tiered"):
+        for bad in (
+            "pip install tiered",
+            "tiered_package",
+            "var.tiered_version",
+            "`tiered_version`",
+            "pip install 'tiered",
+        ):
             assert bad not in text, f"{path.relative_to(root)} says {bad!r}"
+        assert not re.search(r"(?i)pypi\.org|index-url", text), (
+            f"{path.relative_to(root)} names a package index"
+        )
 
 
 # ---------------------------------------------------------------- tiered.toml
