@@ -82,7 +82,11 @@ def wheelhouse(tmp_factory: pytest.TempPathFactory) -> Path:
         path = Path(given)
         assert (path / "SHA256SUMS").is_file(), f"TIERED_WHEELHOUSE={given} is not a wheelhouse"
         return path
-    out = tmp_factory.mktemp("artifact")
+    out = tmp_factory.getbasetemp() / "artifact"  # built once per session, shared by the boot tests
+    built = list(out.glob("wheelhouse-*"))
+    if built:
+        return built[0]
+    out.mkdir(exist_ok=True)
     run = subprocess.run(
         [str(ROOT / "deploy" / "build-artifact.sh"), "--out", str(out)],
         capture_output=True,
@@ -96,8 +100,10 @@ def wheelhouse(tmp_factory: pytest.TempPathFactory) -> Path:
 
 
 def awscli(tmp_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding the AWS CLI (v1, from PyPI); returns its bin directory."""
-    venv = tmp_factory.mktemp("awscli")
+    """A venv holding the AWS CLI (v1, from PyPI), made once per session; returns its bin directory."""
+    venv = tmp_factory.getbasetemp() / "awscli"
+    if (venv / "bin" / "aws").exists():
+        return venv / "bin"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     run = subprocess.run(
         [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", AWSCLI],
@@ -188,6 +194,7 @@ class Instance:
     def run(self, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["bash", str(self.path(script)), *args],
+            cwd=self.root,  # cloud-init runs it from /, never from a source tree
             env=self.environment(),
             capture_output=True,
             text=True,

@@ -191,7 +191,7 @@ class Node:
             TIERED_HOST="127.0.0.1",  # the template listens on 0.0.0.0; tests talk to loopback only
         )
         log = open(i.root / "tiered.log", "ab")
-        self.server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.server = subprocess.Popen(command, cwd=i.root, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -90,8 +90,9 @@ if [[ -n ${NODE_ENV_FILE:-} ]]; then
 fi
 
 # Refuse to go on with a configuration tiered would refuse (unknown keys, bad values),
-# before anything is started (with the node's environment, as tiered.service runs it).
-"$VENV/bin/python" -c '
+# before anything is started (with the node's environment, as tiered.service runs it;
+# -I: only the venv's tiered, never a directory that happens to be the current one).
+"$VENV/bin/python" -I -c '
 import sys
 from tiered.config import load_config
 env = {}
