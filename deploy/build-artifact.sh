@@ -6,7 +6,8 @@
 # Writes, under DIR (default dist/):
 #   tiered-<version>-py3-none-any.whl    the wheel (PEP 517 build with the locked build
 #                                        tools of requirements/build.txt; reproducible:
-#                                        SOURCE_DATE_EPOCH is the last commit's time)
+#                                        SOURCE_DATE_EPOCH is the time of the last commit
+#                                        that changed the packaged sources)
 #   wheelhouse-<arch>/                   what a node installs from, with no index:
 #     *.whl                              every runtime dependency, exactly as locked in
 #                                        requirements/runtime.txt, for CPython 3.11 on
@@ -58,7 +59,10 @@ log "wheel"
 mkdir "$work/src"
 cp -r "$here/pyproject.toml" "$here/README.md" "$here/tiered" "$here/hot" "$here/cold" "$here/gc" "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
-epoch=$(git -C "$here" log -1 --format=%ct 2>/dev/null || echo 315532800)
+# The time of the last commit that changed what the wheel holds: a commit elsewhere (the
+# Terraform modules, the docs) leaves the wheel, and so the deployed artifact, unchanged.
+epoch=$(git -C "$here" log -1 --format=%ct -- pyproject.toml README.md tiered hot cold gc 2>/dev/null || true)
+epoch=${epoch:-315532800}
 (cd "$work/src" && SOURCE_DATE_EPOCH=$epoch "$work/build-venv/bin/python" -m build --wheel \
   --no-isolation --outdir "$work/dist" >"$work/build.log" 2>&1) || {
   cat "$work/build.log" >&2
