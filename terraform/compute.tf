@@ -35,10 +35,10 @@ resource "aws_ebs_volume" "hot" {
 }
 
 locals {
-  tiered_pip_spec = can(regex("[/:]", var.tiered_package)) ? var.tiered_package : "${var.tiered_package}==${var.tiered_version}"
-  max_hot_bytes   = var.max_hot_bytes != null ? var.max_hot_bytes : floor(var.hot_volume_size_gib * 1073741824 / 2)
+  max_hot_bytes = var.max_hot_bytes != null ? var.max_hot_bytes : floor(var.hot_volume_size_gib * 1073741824 / 2)
 
   venv          = "/opt/tiered/venv"
+  wheelhouse    = "/opt/tiered/wheelhouse"
   config_file   = "/etc/tiered/tiered.toml"
   bootstrap_env = "/etc/tiered/bootstrap.env"
   libexec       = "/usr/local/libexec/tiered"
@@ -62,20 +62,31 @@ locals {
   }
   tiered_toml = templatefile("${path.module}/templates/tiered.toml.tftpl", local.tiered_toml_vars)
 
-  # The boot scripts' inputs: names and ids only. The admin token's value never
+  # The boot scripts' inputs: names, ids and digests only. The admin token's value never
   # appears here (nor anywhere in the user data): only its parameter name.
   bootstrap_env_vars = {
-    region                  = local.region
-    hot_volume_id           = aws_ebs_volume.hot.id
-    mount_point             = local.mount_point
-    data_dir                = local.data_dir
-    volume_attach_timeout_s = var.volume_attach_timeout_s
-    admin_token_parameter   = local.admin_token_parameter_name
-    admin_token_file        = local.admin_token_host_file
-    pip_spec                = local.tiered_pip_spec
-    venv                    = local.venv
-    config_file             = local.config_file
-    cwagent_config          = "${local.cwagent_dir}/tiered-cloudwatch-agent.json"
+    region                   = local.region
+    artifact_bucket          = aws_s3_bucket.cold.bucket
+    artifact_prefix          = local.artifact_key_prefix
+    artifact_sha256sums      = local.wheelhouse_sums_sha256
+    wheelhouse               = local.wheelhouse
+    venv                     = local.venv
+    config_file              = local.config_file
+    enable_units             = "tiered-hot-volume.service tiered-secrets.service tiered.service tiered-gc.timer"
+    start_units              = "tiered.service tiered-gc.timer"
+    cwagent_ctl              = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
+    cwagent_config           = "${local.cwagent_dir}/tiered-cloudwatch-agent.json"
+    admin_token_parameter    = local.admin_token_parameter_name
+    admin_token_file         = local.admin_token_host_file
+    cluster_secret_parameter = ""
+    cluster_secret_file      = ""
+    node_env_file            = ""
+    imds_endpoint            = "http://169.254.169.254"
+    port                     = var.port
+    mount_point              = local.mount_point
+    data_dir                 = local.data_dir
+    hot_volume_id            = aws_ebs_volume.hot.id
+    volume_attach_timeout_s  = var.volume_attach_timeout_s
   }
 
   unit_vars = {
@@ -86,6 +97,8 @@ locals {
     admin_token_host_file = local.admin_token_host_file
     port                  = var.port
     gc_timer_interval     = var.gc_timer_interval
+    requires              = "tiered-hot-volume.service tiered-secrets.service"
+    cluster_service_lines = ""
   }
 
   cwagent_vars = {
@@ -103,40 +116,28 @@ locals {
     admin_token_host_file = local.admin_token_host_file
   }
 
-  # Files cloud-init writes before the boot script runs.
+  # What cloud-init writes, then runs (runcmd: user-data.sh, once per instance).
   cloud_config = {
     write_files = [
       { path = local.bootstrap_env, owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/bootstrap.env.tftpl", local.bootstrap_env_vars) },
       { path = local.config_file, owner = "root:root", permissions = "0644", content = local.tiered_toml },
+      { path = "${local.libexec}/user-data", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/user-data.sh") },
       { path = "${local.libexec}/hot-volume", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/hot-volume.sh") },
-      { path = "${local.libexec}/admin-token", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/admin-token.sh") },
+      { path = "${local.libexec}/secrets", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/secrets.sh") },
       { path = "/etc/systemd/system/tiered-hot-volume.service", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered-hot-volume.service.tftpl", local.unit_vars) },
-      { path = "/etc/systemd/system/tiered-admin-token.service", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered-admin-token.service.tftpl", local.unit_vars) },
+      { path = "/etc/systemd/system/tiered-secrets.service", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered-secrets.service.tftpl", local.unit_vars) },
       { path = "/etc/systemd/system/tiered.service", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered.service.tftpl", local.unit_vars) },
       { path = "/etc/systemd/system/tiered-gc.service", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered-gc.service.tftpl", local.unit_vars) },
       { path = "/etc/systemd/system/tiered-gc.timer", owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/tiered-gc.timer.tftpl", local.unit_vars) },
       { path = local.bootstrap_env_vars.cwagent_config, owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/cloudwatch-agent.json.tftpl", local.cwagent_vars) },
       { path = local.cwagent_vars.prometheus_config_file, owner = "root:root", permissions = "0644", content = templatefile("${path.module}/templates/prometheus.yaml.tftpl", local.prometheus_vars) },
     ]
-  }
-}
-
-data "cloudinit_config" "node" {
-  gzip          = true
-  base64_encode = true
-
-  part {
-    filename     = "cloud-config.yaml"
-    content_type = "text/cloud-config"
-    content      = "#cloud-config\n${yamlencode(local.cloud_config)}"
+    runcmd = [["${local.libexec}/user-data"]]
   }
 
-  # Plain bash (no templating): reads its inputs from the bootstrap env file above.
-  part {
-    filename     = "user-data.sh"
-    content_type = "text/x-shellscript"
-    content      = file("${path.module}/templates/user-data.sh")
-  }
+  # One cloud-config part, gzipped (cloud-init inflates it; the 16 KiB user-data limit
+  # applies to the compressed form). Built in HCL: no cloudinit provider needed.
+  user_data = base64gzip("#cloud-config\n${yamlencode(local.cloud_config)}")
 }
 
 resource "aws_launch_template" "node" {
@@ -146,7 +147,7 @@ resource "aws_launch_template" "node" {
   instance_type          = var.instance_type
   ebs_optimized          = true
   update_default_version = true
-  user_data              = data.cloudinit_config.node.rendered
+  user_data              = local.user_data
 
   iam_instance_profile {
     arn = aws_iam_instance_profile.instance.arn
@@ -234,6 +235,7 @@ resource "aws_autoscaling_group" "node" {
   # The instance must boot with its permissions, its token and an encrypted, versioned
   # bucket in place: nothing else orders these before the launch.
   depends_on = [
+    aws_s3_object.wheelhouse,
     aws_iam_role_policy.tiered_s3,
     aws_iam_role_policy.node,
     aws_ssm_parameter.admin_token,

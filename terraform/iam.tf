@@ -41,7 +41,7 @@ data "aws_iam_policy_document" "assume_ec2" {
 
 resource "aws_iam_role" "instance" {
   name                 = "${var.name}-instance"
-  description          = "tiered node ${var.name}: cold tier under s3://${aws_s3_bucket.cold.bucket}/${var.s3_prefix}/, its hot volume, its admin token, Session Manager and CloudWatch."
+  description          = "tiered node ${var.name}: cold tier under s3://${aws_s3_bucket.cold.bucket}/${var.s3_prefix}/, its release artifact, its hot volume, its admin token, Session Manager and CloudWatch."
   assume_role_policy   = data.aws_iam_policy_document.assume_ec2.json
   permissions_boundary = var.iam_permissions_boundary_arn != "" ? var.iam_permissions_boundary_arn : null
   tags                 = local.tags
@@ -112,7 +112,7 @@ resource "aws_iam_role_policy" "tiered_s3" {
 # ---------------------------------------------------------------- the node itself
 
 data "aws_iam_policy_document" "node" {
-  # Boot: read the admin token (tiered-admin-token.service).
+  # Boot: read the admin token (tiered-secrets.service).
   statement {
     sid       = "ReadAdminToken"
     effect    = "Allow"
@@ -134,6 +134,27 @@ data "aws_iam_policy_document" "node" {
         variable = "kms:ViaService"
         values   = ["ssm.${local.region}.amazonaws.com"]
       }
+    }
+  }
+
+  # Boot: fetch the release artifact (user-data.sh) - that one wheelhouse, read-only.
+  statement {
+    sid       = "ReadTheWheelhouse"
+    effect    = "Allow"
+    actions   = ["s3:GetObject"]
+    resources = ["${aws_s3_bucket.cold.arn}/${local.artifact_key_prefix}/*"]
+  }
+
+  statement {
+    sid       = "ListTheWheelhouse"
+    effect    = "Allow"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.cold.arn]
+
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${local.artifact_key_prefix}/", "${local.artifact_key_prefix}/*"]
     }
   }
 

@@ -31,7 +31,7 @@ locals {
   create_admin_token         = var.admin_token_parameter_name == ""
   admin_token_parameter_name = local.create_admin_token ? "/${var.name}/admin-token" : var.admin_token_parameter_name
   admin_token_parameter_arn  = "arn:${local.partition}:ssm:${local.region}:${local.account_id}:parameter/${trimprefix(local.admin_token_parameter_name, "/")}"
-  # Written by tiered-admin-token.service (root, 0600) ...
+  # Written by tiered-secrets.service (root, 0600) ...
   admin_token_host_file = "/run/tiered/admin-token"
   # ... and handed to tiered.service with systemd LoadCredential=, which exposes it to
   # the unprivileged service user at this path (systemd's credentials directory).

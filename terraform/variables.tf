@@ -54,7 +54,7 @@ variable "allowed_security_group_ids" {
 
 variable "egress_https_cidrs" {
   type        = list(string)
-  description = "Destinations the instance may reach on TCP 443 besides S3 (which is always allowed through its AWS prefix list): SSM, CloudWatch, KMS and EC2 APIs, the Amazon Linux package repository and PyPI at boot. The default 0.0.0.0/0 is needed unless the VPC has interface endpoints for all of those and a package mirror; see README.md."
+  description = "Destinations the instance may reach on TCP 443 besides S3 (which is always allowed through its AWS prefix list): SSM, CloudWatch, KMS and EC2 APIs, and the Amazon Linux package repository at boot (tiered itself comes from the bucket). The default 0.0.0.0/0 is needed unless the VPC has interface endpoints for all of those and an S3 gateway endpoint (the Amazon Linux repositories are served from S3); see README.md."
   default     = ["0.0.0.0/0"]
 
   validation {
@@ -183,25 +183,24 @@ variable "volume_attach_timeout_s" {
 
 # ---------------------------------------------------------------- tiered
 
-variable "tiered_package" {
+variable "wheelhouse_dir" {
   type        = string
-  description = "What pip installs: a PyPI project name (pinned to tiered_version), or a URL or path of a wheel (then tiered_version is ignored)."
-  default     = "tiered"
+  description = "The release artifact the nodes install: a directory written by `deploy/build-artifact.sh --arch <x86_64|aarch64>` (dist/wheelhouse-<arch>: tiered's wheel, every locked runtime dependency, requirements.txt with hashes, SHA256SUMS). Terraform uploads it to the bucket; nodes install from there offline with --require-hashes. No package index is used, so no default."
 
   validation {
-    condition     = length(var.tiered_package) > 0 && !can(regex("[\\s'\"$`\\\\]", var.tiered_package))
-    error_message = "tiered_package must be non-empty and contain no whitespace, quotes, '$', '`' or backslashes."
+    condition     = fileexists("${var.wheelhouse_dir}/wheelhouse.json") && fileexists("${var.wheelhouse_dir}/SHA256SUMS") && fileexists("${var.wheelhouse_dir}/requirements.txt")
+    error_message = "wheelhouse_dir must be a directory written by deploy/build-artifact.sh (with wheelhouse.json, SHA256SUMS and requirements.txt)."
   }
 }
 
-variable "tiered_version" {
+variable "artifact_prefix" {
   type        = string
-  description = "Version of tiered_package to install from PyPI (an exact version: the instance replacement must install the same code)."
-  default     = "0.1.0"
+  description = "Key prefix in the bucket under which the wheelhouse is uploaded (one sub-prefix per artifact digest). Must not overlap s3_prefix: the nodes may only read it."
+  default     = "artifacts"
 
   validation {
-    condition     = can(regex("^[0-9]+(\\.[0-9]+)*([a-z0-9.+-]*)$", var.tiered_version))
-    error_message = "tiered_version must be a version such as 0.1.0."
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$", var.artifact_prefix))
+    error_message = "artifact_prefix must be '/'-separated segments of A-Z, a-z, 0-9, '.', '_' and '-', with no leading or trailing '/'."
   }
 }
 
@@ -349,6 +348,17 @@ variable "admin_token_parameter_name" {
   validation {
     condition     = var.admin_token_parameter_name == "" || can(regex("^/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", var.admin_token_parameter_name))
     error_message = "admin_token_parameter_name must be empty or a valid SSM parameter name."
+  }
+}
+
+variable "admin_token_version" {
+  type        = number
+  description = "Version of the generated admin token (when the module creates the parameter): raise it to store a new random token. The value is written write-only (Terraform >= 1.11): it is never in the plan or the state."
+  default     = 1
+
+  validation {
+    condition     = var.admin_token_version >= 1 && floor(var.admin_token_version) == var.admin_token_version
+    error_message = "admin_token_version must be a whole number >= 1."
   }
 }
 

@@ -203,3 +203,10 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> Any:
 
     limit = min(scaled(settings.timeout), max(settings.timeout, TIMEOUT_CAP_S))
     return pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=limit))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "network: needs PyPI (skipped with the reason when it cannot be reached, except under CI=true)",
+    )

@@ -53,6 +53,7 @@ class Module:
         self.modules: dict[str, dict[str, Any]] = {}
         self.resources: dict[tuple[str, str], dict[str, Any]] = {}
         self.data: dict[tuple[str, str], dict[str, Any]] = {}
+        self.ephemeral: dict[tuple[str, str], dict[str, Any]] = {}
         self.terraform: list[dict[str, Any]] = []
         self.providers: list[dict[str, Any]] = []
         for path in self.files:
@@ -69,7 +70,11 @@ class Module:
                 self.outputs.update(block)
             for block in parsed.get("module", []):
                 self.modules.update(block)
-            for kind, target in (("resource", self.resources), ("data", self.data)):
+            for kind, target in (
+                ("resource", self.resources),
+                ("data", self.data),
+                ("ephemeral", self.ephemeral),
+            ):
                 for block in parsed.get(kind, []):
                     for rtype, named in block.items():
                         for rname, body in named.items():

@@ -226,6 +226,7 @@ def test_listings_metrics_and_gc_answer_for_every_shard(nodes: dict[str, ServerP
         "tiered_cluster_shards_served 2.0",
         'tiered_cluster_shards_held{state="serving"} 2.0',
         "tiered_cluster_window_open 1.0",
+        'tiered_cluster_shards_taken_total{from="takeover"} 0.0',
     ):
         assert line in body, line
     assert "process_cpu_seconds_total" in body and "tiered_cluster_forwarded_total" in body

@@ -11,6 +11,9 @@ for the very same request (method, URL, shard, body, marks).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +246,30 @@ def test_an_installed_rotation_starts_the_old_tokens_grace() -> None:
     assert state.tokens[old.id].expires_ms == NOW + 5000
     assert state.tokens[new.id].expires_ms is None
     assert state.decide_install(new, {"bkt": NOW}) == []  # retried: nothing more
+
+
+# ---------------------------------------------------------------- the operator's secret file
+
+
+def test_a_configured_secret_file_is_the_secret(tmp_path: Path) -> None:
+    from tiered.config import Config, ConfigError
+
+    path = tmp_path / "cluster-secret"
+    path.write_text("s" * 48 + "\n")
+    assert Config(cluster_secret_file=str(path)).cluster_secret() == b"s" * 48
+    assert Config().cluster_secret() is None  # no file: the store's secret object
+    path.write_text("too short\n")
+    with pytest.raises(ConfigError, match="at least 32 characters"):
+        Config(cluster_secret_file=str(path)).cluster_secret()
+    with pytest.raises(ConfigError, match="cannot read cluster secret file"):
+        Config(cluster_secret_file=str(tmp_path / "missing")).cluster_secret()
+
+
+def test_serve_refuses_to_start_on_an_unreadable_secret_file(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "tiered.cli.main", "serve", "--data-dir", str(tmp_path / "d"),
+         "--cluster-secret-file", str(tmp_path / "missing")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "tiered: cannot start: cannot read cluster secret file" in run.stderr

@@ -108,6 +108,7 @@ def test_one_node_creates_the_cluster_and_serves_every_shard_at_epoch_one(sim: S
         assert [(e.seq, e.epoch, e.kind) for e in entries] == [(1, 1, EntryKind.FENCE)]
     assert sim.hooks["x"].calls == [call for s in range(SHARDS) for call in (("prepare", s), ("serve", s))]
     assert a.owner_of(0) == ("x", "http://x")
+    assert a.takes == {"new": SHARDS, "handoff": 0, "takeover": 0}  # tiered_cluster_shards_taken_total
 
 
 def test_a_joining_node_gets_its_placement_through_flush_release_and_a_new_epoch(sim: Sim) -> None:
@@ -129,6 +130,7 @@ def test_a_joining_node_gets_its_placement_through_flush_release_and_a_new_epoch
         assert calls.index(("flush", shard)) < calls.index(("stopped", shard))
         lease = decode_lease(sim.store.objects[keys.lease_key(shard)].data, shard)
         assert (lease.owner, lease.epoch) == ("y", 2)
+    assert b.takes == {"new": 0, "handoff": len(moved), "takeover": 0}
 
 
 def test_the_window_counts_from_the_send_time_of_the_renewal(sim: Sim) -> None:
@@ -169,14 +171,17 @@ def test_a_frozen_holder_is_declared_dead_taken_over_and_fences_itself_when_it_r
     while b.clock.monotonic() < last_seen + TIMING.stale_after_s:
         sim.rounds([b], 1, dt=0.5)
         assert not may(b, shard)
+    taken_before = b.takes["takeover"]
     sim.rounds([b], 2)
     assert b.may_acknowledge(shard) == epoch + 1
+    assert b.takes["takeover"] == taken_before + len(held)  # every shard x held, taken over
     beat = decode_heartbeat(sim.store.objects[keys.node_key("x")].data, "x")
     assert (beat.state, beat.declared_by) == (Liveness.DEAD, "y")
     # Resumed: before its next pass, x's own clock already refuses.
     with pytest.raises(TieredError) as err:
         a.may_acknowledge(shard)
     assert err.value.code is ErrorCode.SHARD_NOT_OWNED
+    assert a.takes["takeover"] == 0
     # Even if its gate were bypassed, its chain position is taken: the commit is fenced.
     a.window.extend(a.clock.monotonic(), TIMING)  # simulate a zombie that thinks it is valid
     with pytest.raises(TieredError) as err:

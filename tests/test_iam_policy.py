@@ -79,13 +79,17 @@ S3_OPERATION_ACTIONS = {
 }
 
 
+# Both modules grant the nodes the same cold-tier policy: the single node (terraform/) and
+# the cluster's nodes (terraform/cluster/), which make the same S3 calls under their prefix.
+MODULES = (TERRAFORM, TERRAFORM / "cluster")
+
+
 def granted_actions() -> set[str]:
-    policy = render_policy(
-        Module(TERRAFORM),
-        POLICY_DOCUMENT,
-        {"var.s3_prefix": "p", "aws_s3_bucket.cold.arn": "arn:aws:s3:::b"},
-    )
-    return {action for statement in policy["Statement"] for action in statement["Action"]}
+    refs = {"var.s3_prefix": "p", "aws_s3_bucket.cold.arn": "arn:aws:s3:::b"}
+    single, *others = (render_policy(Module(directory), POLICY_DOCUMENT, refs) for directory in MODULES)
+    for directory, policy in zip(MODULES[1:], others, strict=True):
+        assert policy == single, f"{directory}: the cold-tier policy differs from terraform/iam.tf's"
+    return {action for statement in single["Statement"] for action in statement["Action"]}
 
 
 # --------------------------------------------------------------------------- every path of S3Store, once
@@ -169,12 +173,13 @@ def test_policy_grants_exactly_what_the_code_uses(
     assert not missing, f"terraform/iam.tf does not grant what the code does: {sorted(missing)}"
     assert not unused, f"terraform/iam.tf grants what the code never does: {sorted(unused)}"
     # iam.tf documents the operations it was written for: that table must be the code's, too.
-    table = Module(TERRAFORM).locals["tiered_s3_operation_actions"]
-    assert set(table) == recorded, (
-        f"local.tiered_s3_operation_actions in iam.tf lists {sorted(set(table) - recorded)} that the code does "
-        f"not make and lacks {sorted(recorded - set(table))} that it does"
-    )
-    assert {op: S3_OPERATION_ACTIONS[op] for op in table} == table
+    for directory in MODULES:
+        table = Module(directory).locals["tiered_s3_operation_actions"]
+        assert set(table) == recorded, (
+            f"local.tiered_s3_operation_actions in {directory}/iam.tf lists {sorted(set(table) - recorded)} that "
+            f"the code does not make and lacks {sorted(recorded - set(table))} that it does"
+        )
+        assert {op: S3_OPERATION_ACTIONS[op] for op in table} == table
 
 
 def test_the_comparison_names_a_missing_and_an_unused_grant() -> None:

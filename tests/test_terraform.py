@@ -91,7 +91,8 @@ REFS = {
     "local": re.compile(r"(?<![\w.])local\.([A-Za-z_][\w-]*)"),
     "data": re.compile(r"(?<![\w.])data\.([A-Za-z_][\w-]*)\.([A-Za-z_][\w-]*)"),
     "module": re.compile(r"(?<![\w.])module\.([A-Za-z_][\w-]*)(?:\.([A-Za-z_][\w-]*))?"),
-    "resource": re.compile(r"(?<![\w.])((?:aws|random|cloudinit)_[a-z0-9_]+)\.([A-Za-z_][\w-]*)"),
+    "resource": re.compile(r"(?<![\w.])(aws_[a-z0-9_]+)\.([A-Za-z_][\w-]*)"),
+    "ephemeral": re.compile(r"(?<![\w.])ephemeral\.(aws_[a-z0-9_]+)\.([A-Za-z_][\w-]*)"),
 }
 
 
@@ -127,10 +128,12 @@ def test_providers_and_terraform_are_pinned(which: str, module: Module, example:
     mod = module if which == "module" else example
     settings = [b for b in mod.terraform if "required_providers" in b]
     assert len(settings) == 1
-    assert re.search(r">=\s*1\.\d+", settings[0]["required_version"])
+    # Write-only attributes (the admin token never in the state) need Terraform 1.11.
+    assert re.search(r">=\s*1\.1[1-9]", settings[0]["required_version"])
     providers = settings[0]["required_providers"]
     providers = providers[0] if isinstance(providers, list) else providers
-    assert {"aws", "random", "cloudinit"} <= set(providers)
+    # The AWS provider only, so `terraform validate` runs wherever that one is available.
+    assert set(providers) == {"aws"}
     for name, spec in providers.items():
         assert spec["source"] == f"hashicorp/{name}"
         # Exact, or "~> MAJOR.MINOR" (no open-ended >=).
@@ -167,6 +170,8 @@ def test_every_reference_resolves(which: str, module: Module, example: Module) -
     resources_used = set(_refs(mod, "resource"))
     undeclared = {r for r in resources_used if r not in mod.resources}
     assert not undeclared, f"undeclared resources referenced: {sorted(undeclared)}"
+    ephemeral_used = set(_refs(mod, "ephemeral"))
+    assert ephemeral_used <= set(mod.ephemeral), f"undeclared ephemeral resources: {ephemeral_used}"
 
     for ref in _refs(mod, "module"):
         assert ref[0] in mod.modules, f"module.{ref[0]} is not declared"
@@ -188,8 +193,10 @@ def test_example_calls_the_module_with_its_variables(example: Module, module: Mo
 
 def test_templates_referenced_exist_and_none_is_orphaned(module: Module) -> None:
     referenced = set()
-    for text in module.strings():
-        referenced |= set(re.findall(r"templates/([\w.-]+)", text))
+    # The cluster module (terraform/cluster) shares these templates as ${local.templates}/...
+    for mod in (module, Module(TERRAFORM / "cluster")):
+        for text in mod.strings():
+            referenced |= set(re.findall(r"templates\}?/([\w.-]+)", text))
     present = {p.name for p in TEMPLATES.iterdir() if p.is_file()}
     assert referenced, "no template referenced"
     assert referenced <= present, f"missing templates: {sorted(referenced - present)}"
@@ -198,7 +205,7 @@ def test_templates_referenced_exist_and_none_is_orphaned(module: Module) -> None
 
 def test_shell_scripts_are_plain_bash_loaded_without_templating(module: Module) -> None:
     scripts = sorted(TEMPLATES.glob("*.sh"))
-    assert {p.name for p in scripts} >= {"user-data.sh", "hot-volume.sh", "admin-token.sh"}
+    assert {p.name for p in scripts} >= {"user-data.sh", "hot-volume.sh", "secrets.sh"}
     for text in module.strings():
         # templatefile() would interpret the scripts' own ${VAR}s: scripts go through file().
         assert not re.search(r"templatefile\([^)]*\.sh\"", text), text
@@ -300,6 +307,8 @@ def test_instance_role_s3_grant_is_exactly_the_five_actions_under_the_prefix(mod
         for doc in docs.values()
         for s in _statements(doc)
         if any(str(a).startswith("s3:") for a in _as_list(module, s["actions"]))
+        # the release artifact: test_the_node_reads_only_its_wheelhouse
+        and s.get("sid") not in ("ReadTheWheelhouse", "ListTheWheelhouse")
     ]
     actions = {a for s in s3_statements for a in _as_list(module, s["actions"])}
     assert actions == S3_ACTIONS
@@ -402,7 +411,6 @@ def test_launch_template_imdsv2_no_key_no_public_ip_encrypted_root(module: Modul
     root = _one(_one(lt, "block_device_mappings"), "ebs")
     assert root["encrypted"] is True
     assert _one(lt, "iam_instance_profile")["arn"] == "${aws_iam_instance_profile.instance.arn}"
-    assert lt["user_data"] == "${data.cloudinit_config.node.rendered}"
 
 
 def test_hot_volume_is_gp3_encrypted_in_the_subnets_zone(module: Module) -> None:
@@ -449,16 +457,26 @@ def test_security_group_opens_only_the_service_port_to_given_sources(module: Mod
 
 
 def test_user_data_carries_the_token_parameter_name_never_its_value(module: Module) -> None:
-    # The generated token is used in exactly one place: the SSM parameter's value.
+    # The generated token is used in exactly one place: the SSM parameter's write-only value.
     uses = [
         (key, text)
         for key, body in module.resources.items()
         for text in _strings(body)
-        if "random_password.admin_token" in text
+        if "aws_secretsmanager_random_password" in text
     ]
-    assert uses == [(("aws_ssm_parameter", "admin_token"), "${random_password.admin_token[0].result}")]
+    assert uses == [
+        (
+            ("aws_ssm_parameter", "admin_token"),
+            "${ephemeral.aws_secretsmanager_random_password.admin_token[0].random_password}",
+        )
+    ]
     parameter = module.resource("aws_ssm_parameter", "admin_token")
     assert parameter["type"] == "SecureString"
+    # Write-only: never in the plan or the state; a new version stores a new token.
+    assert "value" not in parameter and parameter["value_wo_version"] == "${var.admin_token_version}"
+    generator = module.ephemeral[("aws_secretsmanager_random_password", "admin_token")]
+    assert generator["password_length"] >= 32 and generator["exclude_punctuation"] is True
+    assert not module.resources_of("random_password"), "no random provider: the token stays out of the state"
     # Nothing that reaches the instance's user data refers to the value.
     user_data_inputs = [
         "cloud_config",
@@ -467,6 +485,7 @@ def test_user_data_carries_the_token_parameter_name_never_its_value(module: Modu
         "cwagent_vars",
         "prometheus_vars",
         "tiered_toml_vars",
+        "user_data",
     ]
     for name in user_data_inputs:
         for text in _strings(module.locals[name]):
@@ -474,22 +493,51 @@ def test_user_data_carries_the_token_parameter_name_never_its_value(module: Modu
     assert (
         module.locals["bootstrap_env_vars"]["admin_token_parameter"] == "${local.admin_token_parameter_name}"
     )
-    for part in _blocks(module.data[("cloudinit_config", "node")], "part"):
-        for text in _strings(part):
-            assert "random_password" not in text and "aws_ssm_parameter" not in text
     env = (TEMPLATES / "bootstrap.env.tftpl").read_text()
     assert "ADMIN_TOKEN_PARAMETER='${admin_token_parameter}'" in env
     assert not re.search(r"^\s*(export\s+)?TIERED_", env, re.M), (
         "TIERED_* names would leak into tiered's settings"
     )
-    fetch = (TEMPLATES / "admin-token.sh").read_text()
+    fetch = (TEMPLATES / "secrets.sh").read_text()
     assert "aws ssm get-parameter" in fetch and "--with-decryption" in fetch
     assert "umask 077" in fetch and "chmod 0600" in fetch
     for script in TEMPLATES.glob("*"):
         assert not re.search(r"(?i)admin_token\s*=\s*['\"][A-Za-z0-9]{16,}", script.read_text()), script.name
 
 
-def test_boot_attaches_checks_and_mounts_the_volume_before_tiered_starts() -> None:
+def test_user_data_is_one_gzipped_cloud_config_that_runs_the_boot_script(module: Module) -> None:
+    lt = module.resource("aws_launch_template", "node")
+    assert lt["user_data"] == "${local.user_data}"
+    assert module.locals["user_data"] == '${base64gzip("#cloud-config\\n${yamlencode(local.cloud_config)}")}'
+    config = module.locals["cloud_config"]
+    files = {f["path"]: f for f in config["write_files"]}
+    boot = "${local.libexec}/user-data"
+    assert files[boot]["content"] == '${file("${path.module}/templates/user-data.sh")}'
+    assert files[boot]["permissions"] == "0755"
+    assert config["runcmd"] == [[boot]]
+    assert not [key for key in module.data if key[0] == "cloudinit_config"]
+
+
+def _rendered_units(module: Module) -> dict[str, str]:
+    values = {
+        "venv": "/opt/tiered/venv",
+        "config_file": "/etc/tiered/tiered.toml",
+        "data_dir": "/d",
+        "libexec": "/usr/local/libexec/tiered",
+        "admin_token_host_file": "/run/tiered/admin-token",
+        "port": 4437,
+        "gc_timer_interval": "15min",
+        "requires": module.locals["unit_vars"]["requires"],
+        "cluster_service_lines": module.locals["unit_vars"]["cluster_service_lines"],
+    }
+    assert set(module.locals["unit_vars"]) == set(values)
+    return {
+        name: _render(TEMPLATES / f"{name}.tftpl", values)
+        for name in ("tiered.service", "tiered-gc.service", "tiered-gc.timer", "tiered-secrets.service")
+    }
+
+
+def test_boot_attaches_checks_and_mounts_the_volume_before_tiered_starts(module: Module) -> None:
     volume = (TEMPLATES / "hot-volume.sh").read_text()
     for step in (
         "aws ec2 describe-volumes",
@@ -503,28 +551,30 @@ def test_boot_attaches_checks_and_mounts_the_volume_before_tiered_starts() -> No
     # mkfs only on the branch where blkid found no signature at all (exit code 2).
     blank_branch = volume[volume.index("\n    2)") : volume.index("\n    *)")]
     assert "mkfs.ext4" in blank_branch and volume.count("mkfs.ext4") == 1
-    service = (TEMPLATES / "tiered.service.tftpl").read_text()
+    service = _rendered_units(module)["tiered.service"]
     assert re.search(r"^Requires=.*tiered-hot-volume\.service", service, re.M)
+    assert re.search(r"^Requires=.*tiered-secrets\.service", service, re.M)
     assert re.search(r"^After=.*tiered-hot-volume\.service", service, re.M)
-    assert re.search(r"^ExecStart=\$\{venv\}/bin/tiered serve --config \$\{config_file\}$", service, re.M)
-    assert re.search(r"^LoadCredential=admin-token:\$\{admin_token_host_file\}$", service, re.M)
+    assert re.search(
+        r"^ExecStart=/opt/tiered/venv/bin/tiered serve --config /etc/tiered/tiered.toml$", service, re.M
+    )
+    assert re.search(r"^LoadCredential=admin-token:/run/tiered/admin-token$", service, re.M)
     assert re.search(r"^User=tiered$", service, re.M)
+    env = module.locals["bootstrap_env_vars"]
+    assert set(env["enable_units"].split()) == {
+        "tiered-hot-volume.service",
+        "tiered-secrets.service",
+        "tiered.service",
+        "tiered-gc.timer",
+    }
+    assert env["hot_volume_id"] == "${aws_ebs_volume.hot.id}"
 
 
 def test_gc_timer_runs_tiered_gc_against_the_local_server(module: Module) -> None:
-    unit_vars = {
-        "venv": "/opt/tiered/venv",
-        "config_file": "/etc/tiered/tiered.toml",
-        "data_dir": "/d",
-        "libexec": "/usr/local/libexec/tiered",
-        "admin_token_host_file": "/run/tiered/admin-token",
-        "port": 4437,
-        "gc_timer_interval": "15min",
-    }
-    assert set(module.locals["unit_vars"]) == set(unit_vars)
     assert module.locals["unit_vars"]["port"] == "${var.port}"
     assert module.locals["unit_vars"]["gc_timer_interval"] == "${var.gc_timer_interval}"
-    service = _render(TEMPLATES / "tiered-gc.service.tftpl", unit_vars)
+    units = _rendered_units(module)
+    service = units["tiered-gc.service"]
     (exec_start,) = re.findall(r"^ExecStart=(.*)$", service, re.M)
     assert exec_start.split() == [
         "/opt/tiered/venv/bin/tiered",
@@ -535,8 +585,75 @@ def test_gc_timer_runs_tiered_gc_against_the_local_server(module: Module) -> Non
         "%d/admin-token",
     ]
     assert "LoadCredential=admin-token:/run/tiered/admin-token" in service
-    timer = _render(TEMPLATES / "tiered-gc.timer.tftpl", unit_vars)
+    timer = units["tiered-gc.timer"]
     assert "OnUnitActiveSec=15min" in timer and "WantedBy=timers.target" in timer
+
+
+# ---------------------------------------------------------------- the release artifact
+
+
+def test_the_wheelhouse_is_uploaded_to_the_bucket_and_pinned_by_its_digest(module: Module) -> None:
+    objects = module.resource("aws_s3_object", "wheelhouse")
+    assert objects["for_each"] == "${local.wheelhouse_files}"
+    assert objects["bucket"] == "${aws_s3_bucket.cold.id}"
+    assert objects["key"] == "${local.artifact_key_prefix}/${each.value}"
+    assert objects["source"] == "${var.wheelhouse_dir}/${each.value}"
+    assert "filemd5" in objects["source_hash"]
+    # The prefix names the digest: another artifact is other keys, never an overwrite.
+    assert "local.wheelhouse_sums_sha256" in module.locals["artifact_key_prefix"]
+    assert "var.artifact_prefix" in module.locals["artifact_key_prefix"]
+    assert module.locals["wheelhouse_sums_sha256"] == '${filesha256("${var.wheelhouse_dir}/SHA256SUMS")}'
+    env = module.locals["bootstrap_env_vars"]
+    assert env["artifact_sha256sums"] == "${local.wheelhouse_sums_sha256}"
+    assert env["artifact_prefix"] == "${local.artifact_key_prefix}"
+    assert env["artifact_bucket"] == "${aws_s3_bucket.cold.bucket}"
+    # The nodes boot only once the artifact is there.
+    assert "${aws_s3_object.wheelhouse}" in module.resource("aws_autoscaling_group", "node")["depends_on"]
+    assert "default" not in module.variables["wheelhouse_dir"]
+
+
+def test_the_node_reads_only_its_wheelhouse(module: Module) -> None:
+    statements = {
+        s["sid"]: s for doc in _policy_docs(module).values() for s in _statements(doc) if "sid" in s
+    }
+    read = statements["ReadTheWheelhouse"]
+    assert read["actions"] == ["s3:GetObject"]
+    assert read["resources"] == ["${aws_s3_bucket.cold.arn}/${local.artifact_key_prefix}/*"]
+    listing = statements["ListTheWheelhouse"]
+    assert listing["actions"] == ["s3:ListBucket"] and listing["resources"] == ["${aws_s3_bucket.cold.arn}"]
+    condition = _one(listing, "condition")
+    assert (condition["test"], condition["variable"]) == ("StringLike", "s3:prefix")
+    assert condition["values"] == ["${local.artifact_key_prefix}/", "${local.artifact_key_prefix}/*"]
+
+
+def test_the_boot_script_installs_offline_with_hashes_checked() -> None:
+    script = (TEMPLATES / "user-data.sh").read_text()
+    assert 'sha256sum "$WHEELHOUSE/SHA256SUMS"' in script and '"$ARTIFACT_SHA256SUMS"' in script
+    assert "sha256sum --check --strict" in script
+    (pip,) = [line for line in script.split("\n\n") if '"$VENV/bin/pip" install' in line]
+    for flag in ("--no-index", "--require-hashes", '--find-links "$WHEELHOUSE"'):
+        assert flag in pip, flag
+    assert "pypi" not in script.lower() and "index-url" not in script
+
+
+def test_no_default_or_document_names_a_package_on_a_public_index() -> None:
+    """tiered is not published on a package index: nothing may tell a node or a user to fetch it from one."""
+    root = TERRAFORM.parent
+    texts = [p for p in TERRAFORM.rglob("*") if p.is_file() and ".terraform" not in p.parts]
+    texts += [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    for path in texts:
+        text = path.read_text(errors="replace")
+        for bad in (
+            "pip install tiered",
+            "tiered_package",
+            "var.tiered_version",
+            "`tiered_version`",
+            "pip install 'tiered",
+        ):
+            assert bad not in text, f"{path.relative_to(root)} says {bad!r}"
+        assert not re.search(r"(?i)pypi\.org|index-url", text), (
+            f"{path.relative_to(root)} names a package index"
+        )
 
 
 # ---------------------------------------------------------------- tiered.toml

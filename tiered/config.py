@@ -239,6 +239,11 @@ class Config:
     cluster_shards: int = setting(
         64, "number of shards, fixed when the cluster is created (later nodes must give the same number)"
     )
+    cluster_secret_file: str = setting(
+        "",
+        "file holding the secret that signs node-to-node requests (at least 32 characters, the same on every "
+        "node: e.g. from Secrets Manager or SSM); empty: the secret object the first node creates in the store",
+    )
     cluster_lease_ttl_s: float = setting(
         10.0,
         "how long a node's heartbeat keeps its shard leases valid; a silent node is declared dead after it",
@@ -415,6 +420,18 @@ class Config:
                 "s3_path_style is deprecated: use s3_addressing_style = 'path' (--s3-addressing-style path)"
             ]
         return []
+
+    def cluster_secret(self) -> bytes | None:
+        """The node-to-node secret from ``cluster_secret_file`` (None: the store's secret object is used)."""
+        if not self.cluster_secret_file:
+            return None
+        try:
+            text = Path(self.cluster_secret_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read cluster secret file: {exc}") from None
+        if len(text) < 32:
+            raise ConfigError("the cluster secret file must hold at least 32 characters")
+        return text.encode()
 
     def admin_token(self, env: Mapping[str, str] | None = None) -> str | None:
         """The admin bearer token: from a file, or ``TIERED_ADMIN_TOKEN`` (never a flag value)."""

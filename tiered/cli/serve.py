@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from tiered.config import Config
+from tiered.config import Config, ConfigError
 from tiered.datadir import DataDirLock, DataDirLocked
 from tiered.heap import freeze_recovered_state, tune_collector
 from tiered.hosts import UnresolvableHost, listen_addresses, url_host
@@ -161,6 +161,13 @@ def run(config: Config) -> int:
     problem = config.exposure_problem()
     if problem is not None:
         print(f"tiered: cannot start: {problem}", file=sys.stderr)
+        return 2
+    try:
+        # Read at start (a systemd credential exists only once the unit runs, not when the
+        # boot script checks the configuration): unreadable or too short refuses to start.
+        config.cluster_secret()
+    except ConfigError as exc:
+        print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop

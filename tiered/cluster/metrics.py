@@ -139,6 +139,15 @@ class _NodeCollector:
             "1 while this node's heartbeat keeps its leases valid (it may acknowledge)",
             value=1 if window else 0,
         )
+        taken = CounterMetricFamily(
+            "tiered_cluster_shards_taken",
+            "Shard leases this node won, by what it took them from: 'new' (never held), 'handoff' (released by "
+            "their holder), 'takeover' (another node's lease: it expired or its holder was declared dead)",
+            labels=["from"],
+        )
+        for kind, count in (node.takes if node is not None else {}).items():
+            taken.add_metric([kind], count)
+        yield taken
         yield CounterMetricFamily(
             "tiered_cluster_forwarded",
             "Requests this node forwarded to the owner of their shard",

@@ -226,6 +226,9 @@ class ClusterNode:
         self._commit_locks: dict[int, asyncio.Lock] = {}
         self.declined: dict[int, float] = {}  # shard -> until when this node will not take it
         self._serve_tasks: dict[int, asyncio.Task[None]] = {}
+        # Leases this node won, by what it took them from: "new" (never held), "handoff" (a
+        # release) or "takeover" (another node's lease, expired or its holder declared dead).
+        self.takes: dict[str, int] = {"new": 0, "handoff": 0, "takeover": 0}
 
     # -- what the data plane asks ---------------------------------------------------------
 
@@ -763,11 +766,12 @@ class ClusterNode:
             return
         self.floors.pop(shard, None)
         if lease is None:
-            previous = "nobody"
+            previous, kind = "nobody", "new"
         elif lease.body.free:
-            previous = "a release"
+            previous, kind = "a release", "handoff"
         else:
-            previous = f"{lease.body.owner}/{lease.body.incarnation}"
+            previous, kind = f"{lease.body.owner}/{lease.body.incarnation}", "takeover"
+        self.takes[kind] += 1
         log.info(
             "node %s took shard %d at epoch %d (from %s)", self.node_id, shard, write.body.epoch, previous
         )

@@ -120,7 +120,11 @@ class ClusterServer:
         self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
 
     async def _secret(self) -> bytes:
-        """The cluster's secret (created by the first node), read before anything is served; a few tries."""
+        """The cluster's secret, read before anything is served: the operator's file (``cluster_secret_file``,
+        the same on every node), else the store's object (created by the first node; a few tries)."""
+        configured = self.config.cluster_secret()
+        if configured is not None:
+            return configured
         assert self.store is not None
         cas = ObjectStoreCas(self.store)
         for attempt in range(_SECRET_TRIES):

@@ -1,6 +1,7 @@
-# One tiered node in an existing VPC subnet. Copy this directory, fill in
-# terraform.tfvars (from terraform.tfvars.example) and backend.tf (from
-# backend.tf.example), then `terraform init && terraform apply`.
+# One tiered node in an existing VPC subnet. Build the release artifact
+# (deploy/build-artifact.sh), copy this directory, fill in terraform.tfvars (from
+# terraform.tfvars.example) and backend.tf (from backend.tf.example), then
+# `terraform init && terraform apply`. terraform/README.md walks through it.
 
 provider "aws" {
   region = var.region
@@ -23,8 +24,8 @@ module "tiered" {
   allowed_cidrs              = var.allowed_cidrs
   allowed_security_group_ids = var.allowed_security_group_ids
 
-  tiered_package = var.tiered_package
-  tiered_version = var.tiered_version
+  # The release artifact: `deploy/build-artifact.sh` in the tiered repository writes it.
+  wheelhouse_dir = var.wheelhouse_dir
 
   hot_volume_size_gib = var.hot_volume_size_gib
 

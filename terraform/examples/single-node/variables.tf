@@ -37,16 +37,9 @@ variable "allowed_security_group_ids" {
   default     = []
 }
 
-variable "tiered_package" {
+variable "wheelhouse_dir" {
   type        = string
-  description = "PyPI project name or wheel URL of tiered."
-  default     = "tiered"
-}
-
-variable "tiered_version" {
-  type        = string
-  description = "Version of tiered to install from PyPI."
-  default     = "0.1.0"
+  description = "The wheelhouse deploy/build-artifact.sh wrote (dist/wheelhouse-x86_64): uploaded to the bucket, installed offline by the node."
 }
 
 variable "hot_volume_size_gib" {
