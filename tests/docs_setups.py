@@ -17,6 +17,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -122,7 +123,15 @@ def _gc_summary(ws: Workspace, results: list[CommandResult]) -> None:
 
 # --------------------------------------------------------------------------- a cold object
 
-PARQUET_COLUMNS = ["bucket", "stream", "start_offset", "end_offset", "append_time_ms", "payload"]
+
+def _readme_columns() -> list[str]:
+    """The cold object's columns as README's table lists them: the snippet must print exactly these."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("| column | type | meaning |", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r"^\| `(\w+)` \|", table, re.M)
+
+
+PARQUET_COLUMNS = _readme_columns()
 
 
 def _cold_object(ws: Workspace) -> None:
