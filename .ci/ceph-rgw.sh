@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node Ceph RADOS Gateway on loopback: a real S3-compatible store for
-# tests and CI (tests/ceph_rgw.py starts it once per pytest session).
+# tests and CI (tests/support/ceph_rgw.py starts it once per pytest session).
 #
 #   .ci/ceph-rgw.sh up DIR     start mon + memstore OSD + radosgw, state under DIR
 #   .ci/ceph-rgw.sh down DIR   stop them (by the pid files in DIR/run) and wait

@@ -47,7 +47,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster import BUCKET, ENV, REGION, NodeProc, free_port, get_json  # noqa: E402
 
-from tiered.ids import format_offset  # noqa: E402
+from tiered.core.ids import format_offset  # noqa: E402
 
 MiB = 1024 * 1024
 

@@ -104,7 +104,7 @@ BUCKET = "tiered-bench"
 REGION = "us-east-1"
 CONTENT_TYPE = "application/octet-stream"
 
-#: Fake credentials and an isolated AWS config, exactly like tests/s3_server.py.
+#: Fake credentials and an isolated AWS config, exactly like tests/support/s3_server.py.
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

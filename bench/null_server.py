@@ -2,8 +2,8 @@
 """A do-nothing HTTP server on either of tiered's HTTP stacks: the ceiling for appends.
 
 Every request's body is read and answered ``204`` with a ``Stream-Next-Offset``
-header, through the same adapter tiered uses (``tiered.http.rsgi_server`` or
-``tiered.http.aiohttp_server``) and uvloop, so ``bench/compare.py`` can put
+header, through the same adapter tiered uses (``tiered.api.kit.rsgi_server`` or
+``tiered.api.kit.aiohttp_server``) and uvloop, so ``bench/compare.py`` can put
 tiered beside the fastest a server on that stack could possibly answer:
 the gap is the cost of the protocol, the journal and fsync.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tiered.http.types import Request, Response  # noqa: E402
+from tiered.api.kit.types import Request, Response  # noqa: E402
 
 
 async def nothing(request: Request) -> Response:
@@ -34,11 +34,11 @@ async def nothing(request: Request) -> Response:
 async def main(stack: str, host: str, port: int) -> None:
     listener: object
     if stack == "granian":
-        from tiered.http.rsgi_server import RsgiListener
+        from tiered.api.kit.rsgi_server import RsgiListener
 
         listener = RsgiListener(nothing, max_body_bytes=16 << 20)
     else:
-        from tiered.http.aiohttp_server import AiohttpListener
+        from tiered.api.kit.aiohttp_server import AiohttpListener
 
         listener = AiohttpListener(nothing, max_body_bytes=16 << 20)
     await listener.start(host, port)  # type: ignore[attr-defined]

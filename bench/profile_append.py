@@ -7,11 +7,15 @@ which is what limits a one-process Python server) while wrk appends 256-B bodies
 share of samples per layer, attributed by the *leaf* frame's file:
 
 * ``http server``: the HTTP stack (aiohttp or granian) and tiered's adapter for it;
-* ``routing + middleware``: ``tiered/http`` (router, middleware chain, request/response types);
-* ``append logic``: ``tiered/streams``, ``tiered/auth``, ``tiered/tenants``, ``hot/``, the core;
-* ``journal``: ``tiered/journal`` (encode, commit, write thread);
+* ``routing + middleware``: ``tiered/api/kit``, ``tiered/api/app.py``, ``tiered/api/access.py`` (router,
+  middleware chain, request/response types);
+* ``append logic``: ``tiered/engine/streams``, ``tiered/engine/auth``, ``tiered/engine/tenants``,
+  ``tiered/api/routes``, ``hot/``, the core;
+* ``journal``: ``tiered/engine/journal``, ``tiered/engine/codec.py`` (encode, commit, write thread);
 * ``event loop``: asyncio/uvloop scheduling; ``threads``: handing work to and from threads;
 * ``other``.
+
+Each layer also matches its folders from before the move of issue 19, so two builds across it compare.
 
 Run it on two builds for a before/after table (``docs/benchmarks.md``)::
 
@@ -43,18 +47,35 @@ from compare import BENCH_ADMIN_TOKEN, free_port, issue_bench_token, stop_proces
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("http server", ("aiohttp/", "granian/", "rsgi_server.py", "aiohttp_server.py", "multidict", "yarl/")),
-    ("routing + middleware", ("tiered/http/",)),
-    ("journal", ("tiered/journal/",)),
+    # Before and after the move of issue 19 (tiered/http/ became tiered/api/, tiered/streams/ tiered/engine/streams/...),
+    # so that two builds across it are attributed alike.
+    (
+        "routing + middleware",
+        (
+            "tiered/http/",
+            "tiered/api/kit/",
+            "tiered/api/app.py",
+            "tiered/api/access.py",
+            "tiered/cluster/gateway/shard_routing.py",
+        ),
+    ),
+    ("journal", ("tiered/journal/", "tiered/engine/journal/", "tiered/engine/codec.py")),
     (
         "append logic",
         (
             "tiered/streams/",
             "tiered/auth/",
             "tiered/tenants/",
+            "tiered/engine/streams/",
+            "tiered/engine/auth/",
+            "tiered/engine/tenants/",
+            "tiered/api/routes/",
             "hot/",
             "tiered/core",
             "tiered/buckets/",
             "tiered/admin/",
+            "tiered/engine/metrics.py",
+            "tiered/engine/timed.py",
         ),
     ),
     ("threads", ("threading.py", "concurrent/futures")),

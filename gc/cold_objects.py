@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tiered.cold.store import ObjectStore, ObjectStoreError
-from tiered.ports import Committer
-from tiered.streams.records import ColdDeleteFinished, ColdDeleteStarted
-from tiered.streams.state import StreamState
-
-from .context import GcContext, GcPass, prefix_held
+from tiered.cold.objects.store import ObjectStore, ObjectStoreError
+from tiered.core.ports import Committer
+from tiered.engine.streams.records import ColdDeleteFinished, ColdDeleteStarted
+from tiered.engine.streams.state import StreamState
+from tiered.gc.context import GcContext, GcPass, prefix_held
 
 log = logging.getLogger(__name__)
 

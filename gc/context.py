@@ -6,13 +6,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tiered.clock import Clock
-from tiered.cold.reader import ColdReader
-from tiered.cold.store import ObjectStore, ObjectStoreError
-from tiered.ports import Committer, PrefixOwner
-from tiered.streams.state import StreamState
-
-from .report import GcReport
+from tiered.cold.objects.store import ObjectStore, ObjectStoreError
+from tiered.cold.parquet.reader import ColdReader
+from tiered.core.clock import Clock
+from tiered.core.ports import Committer, PrefixOwner
+from tiered.engine.streams.state import StreamState
+from tiered.gc.report import GcReport
 
 
 class HotCopies(Protocol):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from tiered.streams.records import StreamExpired
-from tiered.streams.state import StreamState
-
-from .context import GcContext, GcPass
+from tiered.engine.streams.records import StreamExpired
+from tiered.engine.streams.state import StreamState
+from tiered.gc.context import GcContext, GcPass
 
 
 def plan_expirations(state: StreamState, now_ms: int, limit: int) -> list[int]:

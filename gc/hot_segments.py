@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .context import GcContext, GcPass
+from tiered.gc.context import GcContext, GcPass
 
 
 class ReleaseHotCopies:

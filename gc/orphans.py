@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tiered.cold.keys import DATA_PREFIX, key_time_ms
-from tiered.cold.store import ObjectStore, ObjectStoreError
-from tiered.streams.state import StreamState
-
-from .cold_objects import delete_objects
-from .context import GcContext, GcPass, prefix_held
+from tiered.cold.objects.keys import DATA_PREFIX, key_time_ms
+from tiered.cold.objects.store import ObjectStore, ObjectStoreError
+from tiered.engine.streams.state import StreamState
+from tiered.gc.cold_objects import delete_objects
+from tiered.gc.context import GcContext, GcPass, prefix_held
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Producer expiry: streams nobody appends to any more let go of their idle producers' state.
 
 An append drops its own stream's expired producer states as it applies
-(``tiered/streams/producers.py``); this task reaches the other streams, so
+(``tiered/engine/streams/producers.py``); this task reaches the other streams, so
 the memory, snapshot space and quota bytes (``retained_bytes.producers``) of
 producers idle past ``--producer-ttl-s`` are released even on a stream no one
 writes again. One ``ProducersExpired`` record per pass, at most
@@ -10,10 +10,9 @@ writes again. One ``ProducersExpired`` record per pass, at most
 
 from __future__ import annotations
 
-from tiered.streams import producers
-from tiered.streams.appends import decide_producers_expired
-
-from .context import GcContext, GcPass
+from tiered.engine.streams import producers
+from tiered.engine.streams.appends import decide_producers_expired
+from tiered.gc.context import GcContext, GcPass
 
 
 class ExpireProducers:

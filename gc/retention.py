@@ -31,13 +31,12 @@ import logging
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from tiered.cold.chunk_index import ColdDataDamaged
-from tiered.cold.store import ObjectStoreError
-from tiered.streams.model import Stream
-from tiered.streams.records import RetentionAdvanced
-from tiered.streams.state import StreamState
-
-from .context import GcContext, GcPass
+from tiered.cold.objects.store import ObjectStoreError
+from tiered.cold.parquet.chunk_index import ColdDataDamaged
+from tiered.engine.streams.model import Stream
+from tiered.engine.streams.records import RetentionAdvanced
+from tiered.engine.streams.state import StreamState
+from tiered.gc.context import GcContext, GcPass
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from tiered.ports import NOT_RECORDED, LatencyRecorder
-
-from .cold_objects import DeleteReleasedObjects, pending_deletions
-from .context import GcContext, GcPass, GcTask
-from .expiry import ExpireStreams
-from .hot_segments import ReleaseHotCopies
-from .orphans import ReconcileOrphans
-from .producers import ExpireProducers
-from .report import GcReport, GcTotals
-from .retention import ApplyRetention
+from tiered.core.ports import NOT_RECORDED, LatencyRecorder
+from tiered.gc.cold_objects import DeleteReleasedObjects, pending_deletions
+from tiered.gc.context import GcContext, GcPass, GcTask
+from tiered.gc.expiry import ExpireStreams
+from tiered.gc.hot_segments import ReleaseHotCopies
+from tiered.gc.orphans import ReconcileOrphans
+from tiered.gc.producers import ExpireProducers
+from tiered.gc.report import GcReport, GcTotals
+from tiered.gc.retention import ApplyRetention
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .segment import (
+from tiered.hot.segment import (
     FRAME_SIZE,
     HEADER_SIZE,
     MAGIC,

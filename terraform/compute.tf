@@ -44,7 +44,7 @@ locals {
   libexec       = "/usr/local/libexec/tiered"
   cwagent_dir   = "/opt/aws/amazon-cloudwatch-agent/etc"
 
-  # Everything templates/tiered.toml.tftpl interpolates (tests/test_terraform.py renders
+  # Everything templates/tiered.toml.tftpl interpolates (tests/deploy/test_terraform.py renders
   # the template with example values for exactly these keys and loads it with tiered's
   # own config loader).
   tiered_toml_vars = {

@@ -1,8 +1,8 @@
 # The instance role: least privilege, matched to what the code and the boot scripts do.
 
 locals {
-  # Every S3 API operation tiered's code (cold/s3.py) issues, and the IAM action that
-  # authorizes it. tests/test_iam_policy.py records every operation the test suite's S3
+  # Every S3 API operation tiered's code (cold/objects/s3.py) issues, and the IAM action that
+  # authorizes it. tests/deploy/test_iam_policy.py records every operation the test suite's S3
   # paths make and fails if this map, or the policy below, differs from what the code
   # does; the suite's cold-tier, GC and verify tests also run as an IAM user holding only
   # this policy (moto with IAM enforced). The probe object tiered writes at start-up

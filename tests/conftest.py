@@ -3,15 +3,15 @@
 The object-store fixtures live here, once, so that one moto server and one Ceph
 gateway serve the whole session (a session fixture bound in several modules
 would start one per module): ``aws_test_env`` and ``moto_s3``
-(``s3_server.py``), ``ceph_rgw`` and ``ceph_rgw_env`` (``ceph_rgw.py``),
-``moto_iam`` and ``s3_backend`` (``s3_backends.py``); and the npm install of
-the official conformance suite, ``conformance_suite`` (``node_packages.py``).
+(``tests/support/s3_server.py``), ``ceph_rgw`` and ``ceph_rgw_env`` (``tests/support/ceph_rgw.py``),
+``moto_iam`` and ``s3_backend`` (``tests/support/s3_backends.py``); and the npm install of
+the official conformance suite, ``conformance_suite`` (``tests/support/node_packages.py``).
 
 ``s3_operations`` records, for the whole run, every S3 operation tiered's
 code makes, in this process and in the ``tiered`` subprocesses tests start
-(``s3_ops.py``), in a directory every xdist worker shares (``run_dirs.py``).
+(``tests/support/s3_ops.py``), in a directory every xdist worker shares (``tests/support/run_dirs.py``).
 Tests marked ``after_s3_tests`` run last, when the record is complete
-(``s3_operations_complete``): ``test_iam_policy.py`` compares it with
+(``s3_operations_complete``): ``tests/deploy/test_iam_policy.py`` compares it with
 ``terraform/iam.tf``.
 
 The run is spread over pytest-xdist workers (``-n auto --dist loadscope`` in
@@ -25,7 +25,7 @@ left with one at the end. Under xdist each worker has its own session
 fixtures (its own moto server), which is safe: tests isolate by key prefix.
 
 Every wait has a deadline for an idle machine, stretched by the measured load
-(``deadlines.py``); so is pytest-timeout's limit on each test. Hypothesis runs
+(``tests/support/deadlines.py``); so is pytest-timeout's limit on each test. Hypothesis runs
 without its per-example deadline (the ``tiered`` profile).
 """
 
@@ -39,12 +39,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from . import node_packages, run_dirs, s3_ops
-from .ceph_rgw import ceph_rgw, ceph_rgw_env
-from .deadlines import scaled, wait_for
-from .s3_backends import moto_iam, s3_backend
-from .s3_server import aws_test_env, moto_s3
-from .server_process import ServerProcess
+from tests.support import node_packages, run_dirs, s3_ops
+from tests.support.ceph_rgw import ceph_rgw, ceph_rgw_env
+from tests.support.deadlines import scaled, wait_for
+from tests.support.s3_backends import moto_iam, s3_backend
+from tests.support.s3_server import aws_test_env, moto_s3
+from tests.support.server_process import ServerProcess
 
 __all__ = ["aws_test_env", "ceph_rgw", "ceph_rgw_env", "moto_iam", "moto_s3", "s3_backend"]
 
@@ -94,7 +94,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="session")
 def conformance_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The official conformance suite, installed once per run (``node_packages.py``)."""
+    """The official conformance suite, installed once per run (``tests/support/node_packages.py``)."""
     node_packages.require_node("the official conformance suite")
     return node_packages.install(
         tmp_path_factory,
@@ -107,7 +107,7 @@ def conformance_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def s3_operations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where this run's S3 operations are recorded (see ``s3_ops.py``), shared by every worker."""
+    """Where this run's S3 operations are recorded (see ``tests/support/s3_ops.py``), shared by every worker."""
     directory = run_dirs.shared(tmp_path_factory, "s3-operations")
     saved = os.environ.get(s3_ops.ENV)
     os.environ[s3_ops.ENV] = str(directory)
@@ -170,17 +170,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return unit == AFTER_UNIT, rank.get(unit if unit == CEPH_UNIT else item.path.stem, len(rank))
 
     items.sort(key=order)  # units are dealt in the order of their first test (--no-loadscope-reorder)
-    from .xdist_units import write
+    from tests.support.xdist_units import write
 
     write(run_dirs.of_config(config), {item.nodeid: units[item] for item in items})
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """On the controller: deal the units the workers wrote (``xdist_units.py``), for ``--dist loadscope``."""
+    """On the controller: deal the units the workers wrote (``tests/support/xdist_units.py``), for ``--dist loadscope``."""
     if config.getvalue("dist") != "loadscope":
         return None
-    from .xdist_units import Scheduling
+    from tests.support.xdist_units import Scheduling
 
     return Scheduling(config, log, run_dirs.of_config(config))
 

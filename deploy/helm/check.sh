@@ -4,7 +4,7 @@
 # the Kubernetes schemas with kubeconform. Each tool that is missing is skipped with the
 # reason (neither is in Debian's archive, PyPI or npm; install them from their releases).
 # The checks that need no tool (values against values.schema.json, template references,
-# the configuration's keys) are tests/test_helm_chart.py.
+# the configuration's keys) are tests/deploy/test_helm_chart.py.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 chart="$here/tiered"

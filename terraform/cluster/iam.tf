@@ -1,11 +1,11 @@
 # The nodes' role: least privilege, matched to what the code and the boot scripts do.
-# The cold-tier grant is the single-node module's, word for word (tests/test_iam_policy.py
+# The cold-tier grant is the single-node module's, word for word (tests/deploy/test_iam_policy.py
 # checks both against the S3 operations the test suite records): a cluster node makes the
 # same calls, under the same prefix (shards/, _tiered/cluster/ and data/ are all in it).
 
 locals {
-  # Every S3 API operation tiered's code (cold/s3.py) issues, and the IAM action that
-  # authorizes it. tests/test_iam_policy.py records every operation the test suite's S3
+  # Every S3 API operation tiered's code (cold/objects/s3.py) issues, and the IAM action that
+  # authorizes it. tests/deploy/test_iam_policy.py records every operation the test suite's S3
   # paths make and fails if this map, or the policy below, differs from what the code
   # does; the suite's cold-tier, GC and verify tests also run as an IAM user holding only
   # this policy (moto with IAM enforced). The probe object tiered writes at start-up

@@ -94,7 +94,7 @@ fi
 # -I: only the venv's tiered, never a directory that happens to be the current one).
 "$VENV/bin/python" -I -c '
 import sys
-from tiered.config import load_config
+from tiered.core.config import load_config
 env = {}
 for path in sys.argv[2:]:
     for line in open(path):

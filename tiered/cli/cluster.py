@@ -2,7 +2,7 @@
 
 Reads the shard's manifest chain, its lease and its cold objects in the
 store (and, with ``--dead-data-dir``, the dead node's volume), prints what
-the takeover loses (``tiered/cluster/takeover.py``), and only with
+the takeover loses (``tiered/cluster/shards/takeover.py``), and only with
 ``--yes-lose-unflushed-data`` writes the grant. ``--dry-run`` opens the store
 read-only and changes nothing. Exit codes: 0 done (or nothing to do), 1
 refused (unconfirmed, or the shard is not a dead node's), 2 bad use.
@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from tiered.cluster import keys
-from tiered.cluster.cas import ObjectStoreCas
-from tiered.cluster.lease import decode_lease
-from tiered.cluster.manifest import ManifestEntry, decode_entry
-from tiered.cluster.takeover import TakeoverFacts, TakeoverGrant, encode_grant, loss_statement
-from tiered.cold.keys import DATA_PREFIX
-from tiered.cold.store import ObjectStore
-from tiered.config import Config
-from tiered.node import open_store
+from tiered.cluster.membership import keys
+from tiered.cluster.membership.cas import ObjectStoreCas
+from tiered.cluster.membership.lease import decode_lease
+from tiered.cluster.membership.manifest import ManifestEntry, decode_entry
+from tiered.cluster.shards.takeover import TakeoverFacts, TakeoverGrant, encode_grant, loss_statement
+from tiered.cold.objects.keys import DATA_PREFIX
+from tiered.cold.objects.store import ObjectStore
+from tiered.core.config import Config
+from tiered.engine.node import open_store
 
 __all__ = ["run_take_over"]
 

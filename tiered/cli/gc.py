@@ -18,9 +18,9 @@ import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
-from tiered.config import Config
-from tiered.datadir import DataDirLock, DataDirLocked
-from tiered.node import Node
+from tiered.core.config import Config
+from tiered.engine.datadir import DataDirLock, DataDirLocked
+from tiered.engine.node import Node
 
 
 def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:

@@ -13,8 +13,8 @@ import sys
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
-from tiered.config import Config, ConfigError, load_config
-from tiered.logs import configure_logging
+from tiered.core.config import Config, ConfigError, load_config
+from tiered.core.logs import configure_logging
 
 MiB = 1024 * 1024
 
@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format, access_log=config.access_log)
     if args.command == "serve":
-        from .serve import run
+        from tiered.cli.serve import run
 
         return run(config)
     if args.command == "gc":
-        from .gc import run_gc_command
+        from tiered.cli.gc import run_gc_command
 
         return run_gc_command(config, args.url, args.dry_run)
     if args.command == "cluster":
-        from .cluster import run_take_over
+        from tiered.cli.cluster import run_take_over
 
         return run_take_over(
             config,
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             confirmed=args.yes_lose_unflushed_data,
         )
     if args.command == "verify":
-        from .verify import run_verify
+        from tiered.cli.verify import run_verify
 
         return asyncio.run(run_verify(config))
     return 2

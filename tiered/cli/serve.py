@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from tiered.config import Config, ConfigError
-from tiered.datadir import DataDirLock, DataDirLocked
-from tiered.heap import freeze_recovered_state, tune_collector
-from tiered.hosts import UnresolvableHost, listen_addresses, url_host
-from tiered.http.app import build_cluster_handler, build_handler
-from tiered.http.types import Handler
-from tiered.node import Node
+from tiered.api.app import build_cluster_handler, build_handler
+from tiered.api.kit.types import Handler
+from tiered.cli.heap import freeze_recovered_state, tune_collector
+from tiered.core.config import Config, ConfigError
+from tiered.core.hosts import UnresolvableHost, listen_addresses, url_host
+from tiered.engine.datadir import DataDirLock, DataDirLocked
+from tiered.engine.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,10 @@ class Listener(Protocol):
 def make_listener(config: Config, handler: Handler) -> Listener:
     """The configured HTTP server adapter; both serve the same handler."""
     if config.http_server == "aiohttp":
-        from tiered.http.aiohttp_server import AiohttpListener
+        from tiered.api.kit.aiohttp_server import AiohttpListener
 
         return AiohttpListener(handler, max_body_bytes=config.max_body_bytes)
-    from tiered.http.rsgi_server import RsgiListener
+    from tiered.api.kit.rsgi_server import RsgiListener
 
     return RsgiListener(
         handler,
@@ -147,11 +147,11 @@ def make_listener(config: Config, handler: Handler) -> Listener:
 
 
 def run(config: Config) -> int:
-    from tiered.auth.jwt import JwksError
-    from tiered.cold.claim import PrefixClaimed
-    from tiered.cold.store import ConditionalWritesUnsupported, ObjectStoreError
+    from tiered.cold.objects.store import ConditionalWritesUnsupported, ObjectStoreError
+    from tiered.engine.auth.jwt import JwksError
+    from tiered.engine.jobs.claim import PrefixClaimed
+    from tiered.engine.journal.snapshot import SnapshotError
     from tiered.hot.segment import CorruptSegmentError
-    from tiered.journal.snapshot import SnapshotError
 
     try:
         listen_addresses(config.host)  # resolved once here; the listener and the loopback test reuse it

@@ -23,15 +23,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from tiered.cold.parquet_chunk import iter_records, rebuild_index
-from tiered.cold.store import ObjectNotFound, ObjectStore, ObjectStoreError
-from tiered.config import Config
+from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
+from tiered.cold.parquet.chunk import iter_records, rebuild_index
+from tiered.core.config import Config
+from tiered.engine.journal.journal import Journal
+from tiered.engine.journal.snapshot import SnapshotStore
+from tiered.engine.node import new_state, open_store, producer_limits
+from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
-from tiered.journal.journal import Journal
-from tiered.journal.snapshot import SnapshotStore
-from tiered.node import new_state, open_store, producer_limits
-from tiered.streams.state import StreamState
 
 
 @dataclass

@@ -4,8 +4,8 @@ Composition: the configured object store, seen through ``ObjectStoreCas``;
 a ``ClusterNode`` (heartbeats, leases, fences) whose hooks are a
 ``ShardHost`` (one single-node engine per served shard, under
 ``<data>/shards/<shard>/``); and, in object-store durability mode, a
-``WalShipper`` per shard (see ``wal.py``). The HTTP side
-(``tiered/http/shard_routing.py``) asks this object where a request's shard
+``WalShipper`` per shard (see ``tiered/cluster/shards/wal.py``). The HTTP side
+(``tiered/cluster/gateway/shard_routing.py``) asks this object where a request's shard
 is served and whether this node may acknowledge in it now.
 
 Durability decides placement: with ``local`` a shard stays with its last
@@ -21,22 +21,21 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tiered.clock import Clock, SystemClock
-from tiered.cold.store import ObjectStore
-from tiered.config import Config
-from tiered.errors import ErrorCode, TieredError
-from tiered.node import Node, open_store
-
-from .cas import CasError, ObjectStoreCas
-from .cold_reads import CatchupReads
-from .forward import Forwarder
-from .group_engine import ClusterEngine
-from .lease import LeaseTiming
-from .node_shell import ClusterNode, NodeConfig
-from .secret import NodeSigner, load_or_create
-from .shard_host import ShardHost
-from .shards import shard_of
-from .usage_shell import UsageExchange
+from tiered.cluster.features.bucket_totals_exchange import UsageExchange
+from tiered.cluster.features.group_engine import ClusterEngine
+from tiered.cluster.gateway.cold_reads import CatchupReads
+from tiered.cluster.gateway.forward import Forwarder
+from tiered.cluster.membership.cas import CasError, ObjectStoreCas
+from tiered.cluster.membership.lease import LeaseTiming
+from tiered.cluster.membership.node_shell import ClusterNode, NodeConfig
+from tiered.cluster.membership.secret import NodeSigner, load_or_create
+from tiered.cluster.membership.shards import shard_of
+from tiered.cluster.shards.host import ShardHost
+from tiered.cold.objects.store import ObjectStore
+from tiered.core.clock import Clock, SystemClock
+from tiered.core.config import Config
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.node import Node, open_store
 
 __all__ = ["ClusterServer"]
 
@@ -56,7 +55,7 @@ class ClusterServer:
             self.node_id,
             self.clock,
             object_store=self.object_store,
-            # Each shard's groups see every shard's streams (group_engine.py).
+            # Each shard's groups see every shard's streams (tiered/cluster/features/group_engine.py).
             engine_factory=lambda shard_config, clock: ClusterEngine(shard_config, clock, self),
         )
         self.store: ObjectStore | None = None
@@ -73,7 +72,9 @@ class ClusterServer:
         self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
         self.usage: UsageExchange | None = None  # bucket-wide quotas: every shard's usage (usage.py)
         self._usage_loop: asyncio.Task[None] | None = None
-        self.signer: NodeSigner | None = None  # node-to-node requests (secret.py), once the secret is read
+        self.signer: NodeSigner | None = (
+            None  # node-to-node requests (tiered/cluster/membership/secret.py), once the secret is read
+        )
 
     async def start(self, advertise_url: str) -> None:
         """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""

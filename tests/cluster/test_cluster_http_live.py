@@ -1,0 +1,28 @@
+"""``tests/api/test_http_live.py`` against a single-node cluster: every shard's engine behind shard routing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.api.test_http_live import *  # noqa: F403  (the same tests, with the fixtures below)
+from tests.support.cluster_support import cluster_module_server
+from tests.support.s3_server import S3Endpoint
+from tests.support.server_process import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def srv(moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from cluster_module_server(moto_s3, tmp_path_factory, "live")
+
+
+@pytest.fixture(scope="module")
+def chunky(moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from cluster_module_server(
+        moto_s3,
+        tmp_path_factory,
+        "live-chunky",
+        "--read-chunk-bytes",
+        str(CHUNK),  # noqa: F405
+    )

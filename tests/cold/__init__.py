@@ -1,0 +1,1 @@
+"""Tests of tiered.cold (object stores and the Parquet format)."""

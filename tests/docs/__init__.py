@@ -1,0 +1,1 @@
+"""Every code block of README.md and docs/ run as written."""

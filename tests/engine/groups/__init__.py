@@ -1,0 +1,1 @@
+"""Tests of tiered.engine.groups and its routes."""

@@ -1,0 +1,1 @@
+"""Tests of tiered.engine.subscriptions and its routes."""

@@ -1,0 +1,1 @@
+"""Test helpers shared by every test folder: servers, S3 backends, clients, fixtures' machinery."""

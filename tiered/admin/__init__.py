@@ -1,1 +1,0 @@
-"""Operating the service: the admin API (retention, GC), metrics, health and readiness."""

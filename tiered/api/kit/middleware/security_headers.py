@@ -1,0 +1,45 @@
+"""Headers every response carries (protocol section 12.7 and CORS), errors and SSE included."""
+
+from __future__ import annotations
+
+from tiered.api.kit.types import Handler, Request, Response
+
+EXPOSED_HEADERS = ", ".join(
+    [
+        "Stream-Next-Offset",
+        "Stream-Cursor",
+        "Stream-Up-To-Date",
+        "Stream-Closed",
+        "Stream-TTL",
+        "Stream-Expires-At",
+        "Stream-Sse-Data-Encoding",
+        "Stream-Retained-Offset",
+        "Producer-Epoch",
+        "Producer-Seq",
+        "Producer-Expected-Seq",
+        "Producer-Received-Seq",
+        "ETag",
+        "Location",
+        "Content-Type",
+        "Retry-After",
+        "X-Request-Id",
+        "WWW-Authenticate",
+    ]
+)
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Cross-Origin-Resource-Policy": "cross-origin",
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Expose-Headers": EXPOSED_HEADERS,
+}
+
+
+def security_headers(handler: Handler) -> Handler:
+    async def with_headers(request: Request) -> Response:
+        response = await handler(request)
+        headers = response.headers
+        for name, value in SECURITY_HEADERS.items():
+            headers.setdefault(name, value)
+        return response
+
+    return with_headers

@@ -1,0 +1,397 @@
+"""Serving the service's HTTP handler with granian (RSGI), in the service's own event loop.
+
+granian's Rust runtime parses HTTP/1.1 and HTTP/2 and terminates TLS; each
+request is handed to ``_serve`` as a coroutine on our asyncio loop, so the
+journal, the flusher, GC and deliveries share the loop with request handlers,
+as they do under aiohttp. Measured here, the same handler serves appends
+faster through granian than through aiohttp (``docs/benchmarks.md``).
+
+Like the aiohttp adapter: a client that disconnects cancels its handler (a
+long-poll or SSE waiter slot is freed at once), or, mid-body, ends the body
+read with ``ClientDisconnected`` (a client disconnect, not a 500); bodies are
+read against the configured limit (413), and a streaming body that fails
+after the status line went out cuts the stream instead of ending it cleanly.
+
+Reading bodies: granian's whole-body read (``await proto()``) fails on a body
+cut short (connection closed or reset before the declared ``Content-Length``,
+a chunked body without its last chunk, an HTTP/2 stream reset), but its
+chunk iterator does not: it turns such a failure into an empty chunk, the
+same as the end of the body, so a truncated body would be taken for a whole
+one. Hence: with ``Content-Length`` (checked against the limit first) and on
+HTTP/2 the body is read whole; only HTTP/1.1 chunked bodies, whose size is
+unknown until read, are iterated against the limit, and there the one
+failure signal granian leaves (an empty chunk that is not the last: the body
+failed, or carried trailer fields) is refused (400), never appended. An
+HTTP/2 body without ``Content-Length`` is thus buffered whole before the
+limit applies (413 after reading it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings, HTTP2Settings
+from granian.server.embed import Server
+
+from tiered.api.kit.errors import ClientDisconnected
+from tiered.api.kit.types import Handler, Request, Response
+from tiered.core.errors import ErrorCode, TieredError, bad_request
+from tiered.core.hosts import listen_addresses, url_host
+
+log = logging.getLogger(__name__)
+
+_TOO_LARGE = "request body is larger than the server's limit"
+
+
+_LOWER: dict[str, str] = {}
+
+#: What a header value granian could not decode reads as (not encodable: refused downstream).
+UNDECODABLE = "\udcff"
+
+
+class RsgiHeaders(Mapping[str, str]):
+    """Case-insensitive view of granian's headers (which keys in lower case).
+
+    granian hides a value that is not visible ASCII (it answers ``None`` for a
+    header it lists). Such a value reads as ``UNDECODABLE``, a lone surrogate
+    like the ones aiohttp's surrogate-escaped decoding leaves, so the routes
+    refuse it the same way on both adapters (400, or 401 for credentials).
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = _LOWER.get(key)
+        if name is None:
+            name = key.lower()
+            if len(_LOWER) < 1024:  # the service asks for a fixed set of names
+                _LOWER[key] = name
+        value = self._raw.get(name)
+        if value is None:
+            return UNDECODABLE if name in self._raw else default
+        return value
+
+    def __getitem__(self, key: str) -> str:
+        value = self._raw.get(key.lower())
+        if value is None:
+            raise KeyError(key)
+        return str(value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw.keys())
+
+    def __len__(self) -> int:
+        return len(self._raw.keys())
+
+
+#: A request still running after this long starts watching for its client to leave.
+WATCH_AFTER_S = 0.05
+
+
+class _DisconnectWatch:
+    """Cancels a request's task when its client disconnects, so waiter slots free at once."""
+
+    __slots__ = ("_proto", "_task", "_future", "client_left")
+
+    def __init__(self, proto: Any, task: asyncio.Task[Any]) -> None:
+        self._proto = proto
+        self._task = task
+        self._future: asyncio.Future[Any] | None = None
+        self.client_left = False
+
+    def start(self) -> None:
+        self._future = asyncio.ensure_future(self._proto.client_disconnect())
+        self._future.add_done_callback(self._left)
+
+    def _left(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            self.client_left = True
+            self._task.cancel()
+
+    def stop(self) -> None:
+        if self._future is not None:
+            self._future.remove_done_callback(self._left)
+            self._future.cancel()
+
+
+class _App:
+    """The RSGI application object granian calls once per request."""
+
+    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+        self._handler = handler
+        self._max_body = max_body_bytes
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto != "http":
+            proto.close(403)  # websockets: not part of the protocol
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(proto, task)
+        # Most requests finish long before this: only the ones still running
+        # (long-polls, SSE, appends queued behind a full batch) pay for a watcher.
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
+        try:
+            await self._serve(scope, proto)
+        except ClientDisconnected:
+            pass  # nobody to answer (counted by the request-id layer)
+        except asyncio.CancelledError:
+            if not watch.client_left:
+                raise  # the server itself is being cancelled
+        finally:
+            timer.cancel()
+            watch.stop()
+
+    async def _serve(self, scope: Any, proto: Any) -> None:
+        headers = RsgiHeaders(scope.headers)
+        whole = scope.http_version == "2"
+
+        async def read() -> bytes:
+            return await _read_body(proto, headers, self._max_body, whole=whole)
+
+        host = scope.authority or headers.get("host") or ""
+        request = Request(
+            scope.method,
+            raw_path(scope.path),
+            scope.query_string,
+            headers,
+            read,
+            scheme=scope.scheme,
+            host=host,
+        )
+        response = await self._handler(request)
+        body = response.body
+        if isinstance(body, bytes):
+            if body:
+                proto.response_bytes(response.status, list(response.headers.items()), body)
+            else:
+                proto.response_empty(response.status, list(response.headers.items()))
+            return
+        await _stream(proto, response, body, scope.path)
+
+
+def raw_path(decoded: str) -> str:
+    """The percent-encoded path the router and routes expect, from granian's decoded one.
+
+    granian decodes the path, replacing invalid UTF-8 with U+FFFD. Escaping
+    ``%`` gives back a path that decodes to the same text, and U+FFFD becomes
+    an invalid escape so that the route refuses it (400) instead of serving a
+    stream whose name was never sent. (A client can therefore not name a
+    stream with a literal U+FFFD through this adapter.)
+    """
+    if "%" in decoded:
+        decoded = decoded.replace("%", "%25")
+    if "\ufffd" in decoded:
+        decoded = decoded.replace("\ufffd", "%FF")
+    return decoded
+
+
+async def _stream(proto: Any, response: Response, body: AsyncIterator[bytes], path: str) -> None:
+    transport = proto.response_stream(response.status, list(response.headers.items()))
+    try:
+        async for chunk in body:
+            await transport.send_bytes(chunk)
+    except ProtocolClosed:
+        pass  # the reader went away
+    except Exception as exc:
+        # The status line is out: raising makes granian abort the stream, so the
+        # client sees a failed read, not a clean end.
+        log.warning("streaming response to %s ended by an error: %s", path[:200], exc)
+        raise
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _read_body(proto: Any, headers: RsgiHeaders, limit: int, *, whole: bool = False) -> bytes:
+    """The request body, read against ``limit``; ``whole``: read it in one call even without a length (HTTP/2)."""
+    length = headers.get("content-length")
+    if length is not None and length.isdigit():
+        if int(length) > limit:
+            await _drain(proto.__aiter__(), int(length))
+            raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
+        return await _whole_body(proto)
+    if whole:
+        body = await _whole_body(proto)
+        if len(body) > limit:
+            raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
+        return body
+    chunks: list[bytes] = []
+    total = 0
+    stream = proto.__aiter__()  # one iterator: granian refuses a second
+    while (chunk := await _next_chunk(stream)) is not None:
+        if not chunk:
+            # granian ends a body with one empty chunk; another one after it means the
+            # body failed (cut short) or carried trailers: either way it is not the body sent.
+            if await _next_chunk(stream) is None:
+                break
+            raise bad_request(_UNFINISHED)
+        total += len(chunk)
+        if total > limit:
+            await _drain(stream, total)
+            raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, _TOO_LARGE)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_UNFINISHED = (
+    "the chunked request body did not end cleanly (the connection was cut before its last chunk, or it "
+    "carried trailer fields, which are not accepted): nothing was written"
+)
+
+
+async def _whole_body(proto: Any) -> bytes:
+    try:
+        body: bytes = await proto()
+    except ProtocolClosed:
+        raise ClientDisconnected("the client left before sending the whole body") from None
+    return body
+
+
+async def _next_chunk(stream: Any) -> bytes | None:
+    try:
+        chunk: bytes = await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+    return chunk
+
+
+#: Bodies up to this size are read and dropped before a 413, so a client still
+#: sending sees the answer instead of a reset; larger ones are cut short.
+DRAIN_LIMIT = 64 * 1024 * 1024
+
+
+async def _drain(stream: Any, seen: int) -> None:
+    if seen > DRAIN_LIMIT:
+        return
+    while (chunk := await _next_chunk(stream)) is not None:
+        seen += len(chunk)
+        if seen > DRAIN_LIMIT:
+            return
+
+
+def _bindable_port(host: str, port: int) -> int:
+    """Bind ``(host, port)`` once ourselves: a busy port is a clear ``OSError`` here.
+
+    granian binds in its own threads, where a failure only ends a worker; and a
+    connect probe would succeed against whoever else holds the port. Port 0
+    picks a free port (granian's workers cannot report one they chose).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {url_host(host)}:{port}: {exc.strerror}") from None
+        return int(s.getsockname()[1])
+
+
+class RsgiListener:
+    """granian's embedded server, started and stopped like ``AiohttpListener``.
+
+    ``max_connections`` bounds requests in flight (granian's backpressure): it
+    must exceed the live readers the service allows, or readers past it would
+    queue instead of being answered 503 by the service. granian binds one
+    address per server, so a host name that resolves to several addresses
+    (``localhost``: ``127.0.0.1`` and ``::1``) gets one embedded server each,
+    all on the same port and the same handler.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body_bytes: int,
+        max_connections: int = 16384,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+    ) -> None:
+        self._app = _App(handler, max_body_bytes)
+        self._max_connections = max_connections
+        self._tls = (tls_cert, tls_key)
+        self._servers: list[tuple[Server, asyncio.Task[None]]] = []
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls[0] is not None else "http"
+
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        """Listen on every address ``host`` names (``tiered.core.hosts``); returns (address, port) of each."""
+        bound: list[tuple[str, int]] = []
+        try:
+            for address in listen_addresses(host):
+                port = _bindable_port(address, port)  # port 0: the first address picks, the others follow
+                await self._start_one(address, port)
+                bound.append((address, port))
+        except BaseException:
+            await self.stop()
+            raise
+        return bound
+
+    async def _start_one(self, address: str, port: int) -> None:
+        cert, key = self._tls
+        server = Server(
+            self._app,
+            address=address,
+            port=port,
+            interface=Interfaces.RSGI,
+            http=HTTPModes.auto,  # HTTP/1.1, and HTTP/2 by ALPN over TLS or by prior knowledge
+            websockets=False,
+            backlog=1024,
+            backpressure=self._max_connections,
+            http1_settings=HTTP1Settings(header_read_timeout=30_000, keep_alive=True),
+            http2_settings=HTTP2Settings(max_concurrent_streams=1000),
+            log_enabled=False,
+            ssl_cert=cert,
+            ssl_key=key,
+        )
+        server.workers_kill_timeout = 5
+        task = asyncio.get_running_loop().create_task(server.serve(), name=f"http-granian-{address}")
+        self._servers.append((server, task))
+        await _until_listening(address, port, task)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        servers, self._servers = self._servers, []
+        for server, _ in servers:
+            server.stop()  # type: ignore[no-untyped-call]
+        for _, task in servers:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except TimeoutError:
+                log.warning("HTTP server did not stop within %.1f s; cancelling it", timeout)
+                task.cancel()
+            except Exception:  # it failed to start: ``start`` raised that already
+                pass
+
+
+async def _until_listening(host: str, port: int, task: asyncio.Task[None], timeout: float = 10.0) -> None:
+    """granian binds in its own threads: wait until the port accepts, or report why it never did."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if task.done():
+            task.result()  # raises the server's own error
+            raise OSError(f"the HTTP server exited before listening on {host}:{port}")
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            return
+        except OSError:
+            if loop.time() > deadline:
+                raise OSError(f"the HTTP server did not start listening on {host}:{port}") from None
+            await asyncio.sleep(0.01)

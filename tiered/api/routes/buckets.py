@@ -1,0 +1,52 @@
+"""Bucket routes, all in one place.
+
+| request | does |
+| --- | --- |
+| ``GET /v1/buckets`` | list buckets |
+| ``PUT /v1/buckets/{bucket}`` | create (201; 200 if it exists; 409 if it was erased) |
+| ``GET /v1/buckets/{bucket}`` | describe (creation time, live streams) |
+| ``DELETE /v1/buckets/{bucket}`` | erase: every stream goes, the name is fenced forever (admin) |
+"""
+
+from __future__ import annotations
+
+from tiered.api.kit.router import Router
+from tiered.api.kit.types import Handler, Middleware, Request, Response, json_response
+from tiered.core.ids import validate_bucket
+from tiered.core.parsing import decode_json
+from tiered.engine.streams.service import StreamService
+
+
+class BucketRoutes:
+    def __init__(self, service: StreamService, admin: Middleware) -> None:
+        self.service = service
+        self.admin = admin
+
+    def install(self, router: Router) -> None:
+        router.add("GET", "/v1/buckets", self.list)
+        router.add("PUT", "/v1/buckets/{bucket}", self.create)
+        router.add("GET", "/v1/buckets/{bucket}", self.describe)
+        erase: Handler = self.admin(self.erase)
+        router.add("DELETE", "/v1/buckets/{bucket}", erase)
+
+    async def list(self, request: Request) -> Response:
+        buckets = self.service.list_buckets()
+        caller = request.auth
+        if caller is not None:  # only the buckets the caller may see
+            buckets = [b for b in buckets if caller.visible(b["name"])]
+        return json_response({"buckets": buckets})
+
+    async def create(self, request: Request) -> Response:
+        name = validate_bucket(request.params["bucket"])
+        body = await request.body()
+        if body.strip():
+            decode_json(body)  # no settings yet, but a body that is not JSON is refused, not ignored
+        created = await self.service.create_bucket(name)
+        return json_response({"name": name}, status=201 if created else 200)
+
+    async def describe(self, request: Request) -> Response:
+        return json_response(self.service.describe_bucket(request.params["bucket"]))
+
+    async def erase(self, request: Request) -> Response:
+        await self.service.erase_bucket(validate_bucket(request.params["bucket"]))
+        return Response(204)

@@ -1,1 +1,0 @@
-"""Buckets: the unit of ownership, retention and erasure (routes here; state in ``tiered.streams``)."""

@@ -1,0 +1,173 @@
+"""Forwarding a request to the node that serves its shard, as an HTTP client of that node.
+
+Clients reach any node; the official Python client does not follow
+redirects, so a node that does not serve a request's shard *proxies* it to the
+owner the shard's lease advertises, and streams the owner's answer back
+(long-polls and SSE included). A forwarded request carries
+``Tiered-Forwarded-By``; a node never forwards such a request again (a stale
+view on both sides would otherwise bounce it), it answers 503 with a retry
+hint instead and the client's retry finds the converged owner.
+
+A failure says whether the request may have reached the owner
+(``ForwardFailed.sent``): a refused or timed-out connection means it did not.
+The caller (``tiered/cluster/gateway/shard_routing.py``) re-resolves the owner and retries
+what is safe to send twice (``idempotent``: reads, producer appends) and what
+was never sent; anything else is a 503 the client retries, the outcome unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from tiered.api.kit.types import Request, Response
+from tiered.core.errors import ErrorCode, TieredError
+
+__all__ = ["FORWARDED_BY", "REDIRECT_HEADER", "ForwardFailed", "Forwarder", "idempotent", "moved_away"]
+
+log = logging.getLogger(__name__)
+
+FORWARDED_BY = "Tiered-Forwarded-By"
+#: A client that follows redirects may ask for a 307 to the owner instead of a proxied answer.
+REDIRECT_HEADER = "Tiered-Redirect"
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the client library recomputes.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_CHUNK = 64 * 1024
+_AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
+_PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
+# An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
+_MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
+
+
+class ForwardFailed(TieredError):
+    """The owner could not be asked, or its answer was lost; ``sent`` False: it cannot have seen the request."""
+
+    def __init__(self, shard: int, message: str, *, sent: bool) -> None:
+        super().__init__(ErrorCode.SHARD_NOT_OWNED, message, shard=shard, retry_after_s=1)
+        self.sent = sent
+
+
+def idempotent(request: Request) -> bool:
+    """Safe to send twice: a read, or an append a producer numbered (the owner deduplicates it)."""
+    if request.method in ("GET", "HEAD"):
+        return True
+    return request.method == "POST" and all(request.headers.get(h) for h in _PRODUCER)
+
+
+def moved_away(response: Response) -> bool:
+    """The owner answered that the shard is not (or no longer) its own: 503 SHARD_NOT_OWNED/SHARD_FENCED."""
+    if response.status != 503 or not isinstance(response.body, bytes):
+        return False
+    return any(code in response.body for code in _MOVED)
+
+
+class Forwarder:
+    def __init__(
+        self, node_id: str, *, connect_timeout_s: float = 2.0, read_timeout_s: float = 120.0
+    ) -> None:
+        self.node_id = node_id
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.forwarded = 0
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=256),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def redirect(self, request: Request, base_url: str) -> Response:
+        """A 307 to the same URL on the owner (the client asked for it with ``Tiered-Redirect``)."""
+        location = (
+            base_url.rstrip("/") + request.path + (f"?{request.query_string}" if request.query_string else "")
+        )
+        return Response(307, {"Location": location, "Content-Length": "0"}, b"")
+
+    async def forward(self, request: Request, base_url: str, shard: int) -> Response:
+        """The owner's answer to ``request``; ``SHARD_NOT_OWNED`` (503) when the owner cannot be reached."""
+        url = (
+            base_url.rstrip("/") + request.path + (f"?{request.query_string}" if request.query_string else "")
+        )
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers[FORWARDED_BY] = self.node_id
+        if request.host:
+            # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
+            headers["Host"] = request.host
+        body = await request.body()
+        # The client library adds headers the original request may not have had (a Content-Type for
+        # a body, above all): forward exactly what the client sent.
+        absent = [h for h in _AUTO if request.headers.get(h) is None]
+        try:
+            resp = await self._client().request(
+                request.method,
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                skip_auto_headers=absent,
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise ForwardFailed(
+                shard,
+                f"shard {shard}: its owner at {base_url} could not be reached ({type(exc).__name__}); retry",
+                sent=False,
+            ) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ForwardFailed(
+                shard,
+                f"shard {shard}: its owner at {base_url} did not answer ({type(exc).__name__}); retry",
+                sent=True,
+            ) from exc
+        self.forwarded += 1
+        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        if request.method == "HEAD":
+            resp.release()
+            return Response(resp.status, out, b"")
+        content_type = resp.headers.get("Content-Type", "")
+        if content_type.startswith("text/event-stream"):
+            return Response(resp.status, out, _stream(resp))
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ForwardFailed(
+                shard,
+                f"shard {shard}: the owner's answer was cut off ({type(exc).__name__}); the outcome is unknown",
+                sent=True,
+            ) from exc
+        finally:
+            resp.release()
+        return Response(resp.status, out, data)
+
+
+async def _stream(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.content.iter_chunked(_CHUNK):
+            yield chunk
+    except (aiohttp.ClientError, TimeoutError):
+        log.info("a forwarded event stream ended early")
+    finally:
+        resp.release()

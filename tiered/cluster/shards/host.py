@@ -1,0 +1,223 @@
+"""One storage engine per shard this node serves: its own journal, hot segments and cold prefix.
+
+Phase 2, step 1. A shard is the unit that moves between nodes, so it owns
+everything a single-node server owns: ``ShardHost`` runs one ``tiered.engine.node.Node``
+per served shard with
+
+* its journal, hot segments and snapshots under ``<data dir>/shards/<shard>/``;
+* its cold objects under ``<prefix>/shards/<shard>/`` in the shared store, so
+  one shard's reconciliation never sees another shard's objects as orphans,
+  and one epoch governs every writer of an object;
+* its own flusher and GC, claiming its prefix at start (taken over: the lease
+  already decided who owns the shard; the claim is a second fence on the
+  store side).
+
+It is the ``ShardHooks`` of a ``ClusterNode``: ``prepare`` decides whether this
+node can serve the shard, ``serve`` recovers and starts its engine, ``flush``
+makes it durable before a handoff, ``stopped`` closes it.
+
+Local durability keeps a shard's acknowledged writes on the disk of the node
+that wrote them, so this node serves a shard only if it was the shard's last
+writer or the shard was never served: ``prepare`` refuses a shard whose
+manifest chain ends with another node's fence (its state is on that node's
+disk; the node with that id, back on that volume, or an operator takeover is
+the way out). Moving shards between machines without that constraint is the
+object-store durability mode (step 4), where a shard's state is in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from tiered.cluster.membership import keys
+from tiered.cluster.membership.manifest import ManifestEntry
+from tiered.cluster.membership.node_shell import ClusterNode
+from tiered.cluster.shards.takeover import decode_grant, grant_allows
+from tiered.cluster.shards.wal import WalShipper, restore
+from tiered.cluster.shards.wal_index import WalIndex
+from tiered.cold.objects.store import ObjectStore
+from tiered.core.clock import Clock, SystemClock
+from tiered.core.config import Config
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.node import Node
+
+__all__ = ["ShardHost", "shard_config"]
+
+log = logging.getLogger(__name__)
+
+
+def shard_config(base: Config, shard: int) -> Config:
+    """The single-node configuration of one shard's engine."""
+    name = f"{shard:04d}"
+    prefix = "/".join(p for p in (base.s3_prefix.strip("/"), "shards", name) if p)
+    return dataclasses.replace(
+        base,
+        data_dir=str(base.data_path / "shards" / name),
+        s3_prefix=prefix,
+        take_over_prefix=True,  # the lease decided; the previous holder stops at its next claim check
+        # Object-store durability acknowledges after the WAL object, not after a local fsync.
+        fsync="interval" if base.durability == "object-store" else base.fsync,
+    )
+
+
+class ShardHost:
+    def __init__(
+        self,
+        base: Config,
+        node_id: str,
+        clock: Clock | None = None,
+        *,
+        jobs: bool = True,
+        engine_factory: Callable[[Config, Clock], Node] = Node,
+        object_store: bool = False,
+    ) -> None:
+        self.base = base
+        self.node_id = node_id
+        self.clock: Clock = clock or SystemClock()
+        self.jobs = jobs
+        self.engine_factory = engine_factory
+        self.engines: dict[int, Node] = {}
+        self.epochs: dict[int, int] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        # Object-store durability (``wal.py``): the shared store, the cluster node and one shipper per shard.
+        self.object_store = object_store
+        self.store: ObjectStore | None = None
+        self.cluster: ClusterNode | None = None
+        self.shippers: dict[int, WalShipper] = {}
+
+    def engine(self, shard: int) -> Node:
+        """The engine serving ``shard`` here; the cluster's ``may_acknowledge`` gates its writes."""
+        node = self.engines.get(shard)
+        if node is None:
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED,
+                f"shard {shard} has no engine on this node",
+                shard=shard,
+                retry_after_s=1,
+            )
+        return node
+
+    # -- ShardHooks ---------------------------------------------------------------------
+
+    async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
+        if self.object_store:
+            return  # everything acknowledged is in the store: any node can serve the shard
+        if latest is not None and latest.writer != self.node_id:
+            if await self._granted(shard, latest):
+                log.warning(
+                    "shard %d: taken over from node %s by an operator's grant; the shard starts empty here",
+                    shard,
+                    latest.writer,
+                )
+                return
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED,
+                f"shard {shard} was last written by node {latest.writer} (epoch {latest.epoch}); with local "
+                f"durability its acknowledged data is on that node's disk",
+                shard=shard,
+                owner=latest.writer,
+                retry_after_s=5,
+            )
+
+    async def _granted(self, shard: int, latest: ManifestEntry) -> bool:
+        """An operator granted this node the shard at exactly ``latest`` (``tiered cluster take-over``)."""
+        if self.cluster is None:
+            return False
+        found = await self.cluster.store.get(keys.takeover_key(shard))
+        if found is None:
+            return False
+        try:
+            grant = decode_grant(found.data)
+        except ValueError:
+            log.error("shard %d: an unreadable takeover grant is ignored", shard)
+            return False
+        return grant_allows(grant, latest, self.node_id)
+
+    async def serve(self, shard: int, epoch: int) -> None:
+        await self._wait_closed()  # a previous engine of this shard must have let go of its directory
+        if shard in self.engines:
+            self.epochs[shard] = epoch
+            shipper = self.shippers.get(shard)
+            if shipper is not None:
+                shipper.epoch = epoch
+            return
+        config = shard_config(self.base, shard)
+        config.data_path.mkdir(parents=True, exist_ok=True)
+        index: WalIndex | None = None
+        if self.object_store:
+            assert self.store is not None and self.cluster is not None
+            # The store holds the truth; the local directory is a cache, rebuilt from the chain.
+            index = await restore(self.store, self.cluster.store, shard, config.data_path)
+        node = self.engine_factory(config, self.clock)
+        try:
+            await node.start(jobs=self.jobs)
+        except BaseException:
+            await node.stop()
+            raise
+        self.engines[shard] = node
+        self.epochs[shard] = epoch
+        if index is not None:
+            assert self.store is not None and self.cluster is not None
+            shipper = WalShipper(
+                shard,
+                epoch,
+                config.data_path,
+                self.store,
+                self.cluster,
+                index,
+                self.clock,
+                interval_s=self.base.cluster_wal_interval_ms / 1000,
+                gc_grace_s=self.base.gc_grace_s,
+                gc_limit=self.base.gc_max_objects_per_pass,
+                reconcile_interval_s=self.base.reconcile_interval_s,
+            )
+            shipper.start()
+            self.shippers[shard] = shipper
+        log.info("shard %d: engine started at epoch %d in %s", shard, epoch, config.data_path)
+
+    async def flush(self, shard: int) -> None:
+        node = self.engines.get(shard)
+        if node is None:
+            return
+        await node.journal.flushed()
+        await node.journal.snapshot(node.state)
+        shipper = self.shippers.get(shard)
+        if shipper is not None:
+            await shipper.flush()  # the snapshot and everything before it, in the store for the next owner
+
+    def stopped(self, shard: int, reason: str) -> None:
+        node = self.engines.pop(shard, None)
+        self.epochs.pop(shard, None)
+        shipper = self.shippers.pop(shard, None)
+        if shipper is not None:
+            shipper.closed = True  # refuse new waits now; close() fails the ones waiting
+            task = asyncio.get_running_loop().create_task(shipper.close(reason))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        if node is None:
+            return
+        # Stop taking requests now; closing (jobs, journal, store) finishes in the background.
+        node.streams.begin_shutdown()
+        task = asyncio.get_running_loop().create_task(self._close(shard, node, reason))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close(self, shard: int, node: Node, reason: str) -> None:
+        try:
+            await node.stop()
+        except Exception:
+            log.exception("shard %d: closing its engine failed", shard)
+        log.info("shard %d: engine closed (%s)", shard, reason)
+
+    async def _wait_closed(self) -> None:
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Close every engine (after the cluster node handed its shards off)."""
+        for shard in list(self.engines):
+            self.stopped(shard, "node closing")
+        await self._wait_closed()

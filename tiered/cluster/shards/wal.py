@@ -1,0 +1,401 @@
+"""Object-store durability, the shell: ship a shard's files to WAL objects; restore them on a new owner.
+
+``WalShipper`` runs on the shard's owner. A write is acknowledged only after
+``durable()`` returned: a ship that *started* after the write was in the
+local files has put one create-only WAL object and landed its ``commit``
+entry in the manifest chain. Writes arriving within one interval share a
+ship (group commit). The commit is the fenced step: an owner that lost the
+shard finds a higher epoch at its next chain position and stops, so a
+zombie's WAL object is never referenced and nothing it wrote is acknowledged.
+
+``restore`` runs on a new owner after its fence and before its engine starts:
+it reads the chain back to the latest checkpoint, rebuilds the index and
+writes every live file from the WAL objects, so the engine's ordinary
+recovery replays exactly what was shipped (a torn last batch is cut, as after
+a crash). The local disk is a cache.
+
+Ships scan the files (``hot/`` in segment order, then ``snapshots/``): a
+segment that vanished was flushed to the cold tier and deleted by the engine
+(its flush record was written before the deletion, so it is in a later
+segment that the same scan reads afterwards). Every ``checkpoint_every``
+ships, after deletions, and when a reconciliation listing finds garbage, a
+checkpoint records the whole index and releases the WAL objects of this epoch
+or older that no live byte is in; they are deleted ``gc_grace_s`` later, and
+chain entries below the checkpoint are pruned (fences kept): ``tiered/cluster/gc/wal_gc.py``
+has the lifecycle and why it is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from tiered.cluster.gc.wal_gc import adopt_releases, due_deletions, plan_prune, plan_releases, prunable
+from tiered.cluster.membership import keys
+from tiered.cluster.membership.cas import CasError, CasStore
+from tiered.cluster.membership.manifest import EntryKind, decode_entry
+from tiered.cluster.membership.node_shell import ClusterNode
+from tiered.cluster.shards.wal_index import (
+    Checkpoint,
+    Piece,
+    WalCommit,
+    WalIndex,
+    decode_payload,
+    encode_payload,
+    wal_key,
+    wal_prefix,
+)
+from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
+from tiered.core.clock import Clock
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.hot.segment import parse_segment_name
+
+__all__ = ["WalShipper", "restore"]
+
+log = logging.getLogger(__name__)
+
+_MIRRORED = ("hot", "snapshots")
+
+
+def _scan(directory: Path) -> list[tuple[str, Path]]:
+    """The mirrored files, segments in log order first, then snapshots."""
+    out: list[tuple[str, Path]] = []
+    hot = directory / "hot"
+    if hot.is_dir():
+        segs = sorted(
+            (sid, name) for name in os.listdir(hot) if (sid := parse_segment_name(name)) is not None
+        )
+        out += [(f"hot/{name}", hot / name) for _, name in segs]
+    snaps = directory / "snapshots"
+    if snaps.is_dir():
+        out += [
+            (f"snapshots/{name}", snaps / name)
+            for name in sorted(os.listdir(snaps))
+            if name.startswith("snapshot-") and name.endswith(".bin")
+        ]
+    return out
+
+
+async def restore(store: ObjectStore, cas: CasStore, shard: int, directory: Path) -> WalIndex:
+    """Rebuild the shard's files under ``directory`` from its chain (latest checkpoint on) and WAL objects."""
+    listed = await cas.list(keys.manifest_prefix(shard))
+    tail: list[bytes] = []
+    for item in reversed(listed):
+        seq = keys.seq_of_manifest_key(item.key)
+        if seq is None:
+            continue
+        found = await cas.get(item.key)
+        if found is None:
+            continue
+        entry = decode_entry(found.data, shard, seq)
+        if entry.kind is not EntryKind.COMMIT or not entry.payload:
+            continue
+        tail.append(entry.payload)
+        if isinstance(decode_payload(entry.payload, shard), Checkpoint):
+            checkpoint_seq = seq
+            break
+    else:
+        checkpoint_seq = None
+    index = WalIndex()
+    for data in reversed(tail):
+        index.apply(decode_payload(data, shard))
+    index.checkpoint_seq = checkpoint_seq
+    for name in _MIRRORED:
+        shutil.rmtree(directory / name, ignore_errors=True)
+    cache: dict[str, bytes] = {}
+    for name, pieces in sorted(index.files.items()):
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            for piece in pieces:
+                if not piece.length:
+                    continue  # a cut: no bytes (its object may never have been written, or be released)
+                if piece.wal not in cache:
+                    cache[piece.wal] = await store.get(piece.wal)
+                f.seek(piece.at)
+                f.write(cache[piece.wal][piece.wal_at : piece.wal_at + piece.length])
+            f.truncate(index.size(name))
+    log.info(
+        "shard %d: restored %d files (%d bytes) from %d WAL objects and %d chain entries",
+        shard,
+        len(index.files),
+        sum(index.size(n) for n in index.files),
+        len(cache),
+        len(tail),
+    )
+    return index
+
+
+class WalShipper:
+    def __init__(
+        self,
+        shard: int,
+        epoch: int,
+        directory: Path,
+        store: ObjectStore,
+        cluster: ClusterNode,
+        index: WalIndex,
+        clock: Clock,
+        *,
+        interval_s: float,
+        checkpoint_every: int = 64,
+        gc_grace_s: float = 300.0,
+        gc_limit: int = 1000,
+        reconcile_interval_s: float = 3600.0,
+    ) -> None:
+        self.shard = shard
+        self.epoch = epoch
+        self.directory = directory
+        self.store = store
+        self.cluster = cluster
+        self.index = index
+        self.clock = clock
+        self.interval_s = interval_s
+        self.checkpoint_every = checkpoint_every
+        self.shipped: dict[str, int] = {name: index.size(name) for name in index.files}
+        self.ships = 0
+        self.bytes_shipped = 0
+        self._number = 0
+        self._token = secrets.token_hex(4)
+        self._since_checkpoint = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        self._kick = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._last_start = -1e18
+        self._task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
+        self.closed = False
+        # The GC of WAL objects and chain entries (``tiered/cluster/gc/wal_gc.py``).
+        self.gc_grace_ms = int(gc_grace_s * 1000)
+        self.gc_limit = gc_limit
+        self.reconcile_interval_s = reconcile_interval_s
+        self.released = adopt_releases(index.released, clock.now_ms())  # pending: key -> ms on our clock
+        self.checkpoint_seq = index.checkpoint_seq  # the latest durable checkpoint's position
+        self.wal_deleted = 0
+        self.entries_pruned = 0
+        self._pruned_below = 0  # every entry below this position but fences is gone (as far as we know)
+        self._kept: set[int] = set()  # positions below the checkpoint holding fences
+        self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
+        self._last_reconcile = clock.monotonic()
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name=f"wal-shipper-{self.shard}")
+        self._gc_task = loop.create_task(self._gc_loop(), name=f"wal-gc-{self.shard}")
+
+    async def durable(self) -> None:
+        """Return once a ship that started after this call is in the store and the chain."""
+        if self.closed:
+            raise self._gone("this node no longer serves the shard")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        self._kick.set()
+        await future
+
+    async def flush(self) -> None:
+        """Ship now, then checkpoint: before a handoff, so the next owner restores quickly."""
+        async with self._lock:
+            await self._ship()
+            await self._checkpoint()
+
+    async def close(self, reason: str) -> None:
+        self.closed = True
+        for task in (self._task, self._gc_task):
+            if task is None:
+                continue
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._fail(self._waiting, self._gone(reason))
+        self._waiting = []
+
+    def _gone(self, why: str) -> TieredError:
+        return TieredError(
+            ErrorCode.SHARD_NOT_OWNED, f"shard {self.shard}: {why}", shard=self.shard, retry_after_s=1
+        )
+
+    @staticmethod
+    def _fail(waiting: list[asyncio.Future[None]], exc: BaseException) -> None:
+        for future in waiting:
+            if not future.done():
+                future.set_exception(exc)
+
+    async def _run(self) -> None:
+        idle = max(
+            1.0, self.interval_s * 5
+        )  # background records (flushes, snapshots) ship at least this often
+        while True:
+            try:
+                await asyncio.wait_for(self._kick.wait(), idle)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            wait = self._last_start + self.interval_s - self.clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # group commit: everything that arrives meanwhile joins this ship
+            waiting, self._waiting = self._waiting, []
+            try:
+                async with self._lock:
+                    self._last_start = self.clock.monotonic()
+                    await self._ship()
+                    if self._since_checkpoint >= self.checkpoint_every:
+                        await self._checkpoint()
+            except TieredError as exc:
+                self._fail(waiting, exc)
+                if exc.code is not ErrorCode.SHARD_FENCED:
+                    continue
+            except Exception as exc:  # the store, the disk, or a bug: fail these writes, keep shipping
+                log.warning("shard %d: WAL ship failed: %r", self.shard, exc)
+                self._fail(
+                    waiting,
+                    TieredError(
+                        ErrorCode.STORE_UNAVAILABLE,
+                        f"shard {self.shard}: the WAL object could not be written; not acknowledged",
+                        shard=self.shard,
+                        retry_after_s=1,
+                    ),
+                )
+                continue
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+            await self.maintain()
+
+    async def _gc_loop(self) -> None:
+        """GC beside the shipping (deletes never delay an acknowledgement); a pass every few seconds."""
+        period = min(max(1.0, self.interval_s * 5), max(0.5, self.gc_grace_ms / 4000))
+        while True:
+            await asyncio.sleep(period)
+            await self.maintain()
+
+    def _changes(self) -> tuple[list[tuple[str, int, bytes]], list[str]]:
+        writes: list[tuple[str, int, bytes]] = []
+        present: set[str] = set()
+        for name, path in _scan(self.directory):
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    done = self.shipped.get(name)
+                    if done is None or size > done:
+                        start = 0 if done is None else done
+                        f.seek(start)
+                        writes.append((name, start, f.read(size - start)))
+                    elif size < done:  # recovery cut a torn tail: cut the image too
+                        writes.append((name, size, b""))
+            except FileNotFoundError:
+                continue  # deleted while scanning: recorded below
+            present.add(name)
+        deleted = sorted(name for name in self.shipped if name not in present)
+        return writes, deleted
+
+    async def _ship(self) -> None:
+        writes, deleted = self._changes()
+        if not writes and not deleted:
+            return
+        key = wal_key(self.shard, self.epoch, self._next_number(), self._token)
+        data = b"".join(chunk for _, _, chunk in writes)
+        pieces: list[Piece] = []
+        at = 0
+        for name, start, chunk in writes:
+            pieces.append(Piece(name, start, len(chunk), key, at))
+            at += len(chunk)
+        if data:
+            await self.store.put(key, data, if_none_match=True)
+        commit = WalCommit(pieces, deleted)
+        entry = await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if moved on
+        self._commits.add(entry.seq)
+        self.index.apply(commit)
+        for name, start, chunk in writes:
+            self.shipped[name] = start + len(chunk)
+        for name in deleted:
+            self.shipped.pop(name, None)
+        self.ships += 1
+        self.bytes_shipped += len(data)
+        self._since_checkpoint += 1
+        if deleted:
+            self._since_checkpoint = self.checkpoint_every
+
+    def _next_number(self) -> int:
+        self._number += 1
+        return self._number
+
+    async def _checkpoint(self, *, force: bool = False) -> None:
+        """Record the whole index and the pending releases (new garbage released here, before any delete)."""
+        if self._since_checkpoint == 0 and not force:
+            return
+        released = self.released
+        try:
+            listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
+            released = plan_releases(
+                self.index, listed, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
+            )
+        except ObjectStoreError as exc:
+            log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
+        entry = await self.cluster.commit(self.shard, encode_payload(self.index.checkpoint(released)))
+        self._commits.add(entry.seq)
+        fresh = len(released) - len(self.released)
+        self.released = released
+        self.checkpoint_seq = entry.seq
+        self._since_checkpoint = 0
+        if fresh:
+            log.info("shard %d: released %d WAL objects (checkpoint %d)", self.shard, fresh, entry.seq)
+
+    async def maintain(self) -> None:
+        """One bounded GC pass: reconcile when due, delete released WAL objects past grace, prune the chain.
+
+        Errors leave everything for the next pass (each step is idempotent).
+        """
+        try:
+            if self.clock.monotonic() - self._last_reconcile >= self.reconcile_interval_s:
+                self._last_reconcile = self.clock.monotonic()
+                async with self._lock:
+                    if await self._has_garbage():
+                        await self._checkpoint(force=True)
+            await self._delete_due()
+            await self._prune()
+        except TieredError as exc:
+            log.info("shard %d: WAL GC pass stopped: %s", self.shard, exc.message)
+        except (ObjectStoreError, CasError) as exc:
+            log.info("shard %d: WAL GC pass failed (%r); the next one retries", self.shard, exc)
+
+    async def _has_garbage(self) -> bool:
+        listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
+        return len(plan_releases(self.index, listed, self.epoch, self.released, 0, 1)) > len(self.released)
+
+    async def _delete_due(self) -> None:
+        for key in due_deletions(self.released, self.clock.now_ms(), self.gc_grace_ms, self.gc_limit):
+            try:
+                await self.store.delete(key)
+            except ObjectNotFound:
+                pass  # deleted before (a crash, or an earlier owner): idempotent
+            self.released.pop(key, None)
+            self.wal_deleted += 1
+
+    async def _prune(self) -> None:
+        """Delete chain entries strictly below the latest durable checkpoint, fences kept (bounded)."""
+        checkpoint = self.checkpoint_seq
+        if checkpoint is None or checkpoint <= self._pruned_below:
+            return
+        cas = self.cluster.store
+        prefix = keys.manifest_prefix(self.shard)
+        positions = [seq for item in await cas.list(prefix) if (seq := keys.seq_of_manifest_key(item.key))]
+        todo = plan_prune(positions, checkpoint, self._kept, self.gc_limit)
+        for seq in todo:
+            if seq not in self._commits:  # an older owner's: read it (a fence is kept)
+                found = await cas.get(keys.manifest_key(self.shard, seq))
+                if found is None:
+                    continue
+                if not prunable(decode_entry(found.data, self.shard, seq), checkpoint):
+                    self._kept.add(seq)
+                    continue
+            await cas.delete(keys.manifest_key(self.shard, seq))
+            self._commits.discard(seq)
+            self.entries_pruned += 1
+        if len(todo) < self.gc_limit:
+            self._pruned_below = checkpoint

@@ -1,0 +1,340 @@
+"""Prometheus metrics of one node, through prometheus-client, in the node's own registry.
+
+``/metrics`` is an admin route (scrape it with the admin token). Each node
+has its own ``CollectorRegistry`` (never the library's global one), so tests
+can run several nodes in one process. Two kinds of metric:
+
+* **Read from state at scrape time** (``NodeCollector``): gauges and lifetime
+  counters the service already keeps (streams, hot and cold bytes, flusher
+  and GC totals, integrity errors...). Nothing on the request path updates
+  them.
+* **Instruments** (``Metrics``): latency histograms observed where the work
+  happens (append, journal sync, object-store requests, flush and GC passes)
+  and ``tiered_http_requests_total{route,status}`` (with its twin for
+  requests whose client left, ``tiered_http_client_disconnects_total{route,phase}``). Labelled children are
+  made once and cached, so an observation is one call. What every request
+  pays (the append histogram, the request count) is kept in plain Python
+  numbers on the event loop and exposed by a custom collector: no lock, no
+  object per observation.
+
+No stream name is ever a label, and bucket names only in the per-bucket
+metrics of ``tiered.engine.tenants.bucket_metrics`` (their cardinality is capped by
+``--metrics-max-buckets``); ``route`` is the router's name for a route (its
+pattern, or ``append``/``read``... for stream operations), so the number of
+series is bounded whatever paths clients send.
+``docs/operations.md`` lists every metric; ``tests/engine/test_metrics.py`` checks
+that the names used there and in ``terraform/monitoring.tf`` exist here.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.context_managers import Timer
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from tiered.api.kit.types import UNMATCHED
+from tiered.engine.tenants.bucket_metrics import bucket_metric_families
+
+if TYPE_CHECKING:
+    from tiered.api.kit.types import Request, Response
+    from tiered.engine.node import Node
+
+# ``*_created`` series (a timestamp per counter and histogram child) would double
+# the scrape for nothing an alarm uses. A library-wide switch: tiered is the process.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: Append and journal sync: fdatasync on local SSD or EBS takes 0.1-10 ms.
+FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Object-store requests: tens of ms, up to the client's retries (about 30 s).
+STORE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Flush and GC passes: one upload, or a bounded batch of deletions and a listing.
+PASS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+#: Object-store operations timed by ``tiered.engine.timed.TimedStore``.
+STORE_OPERATIONS = ("put", "get", "head", "delete", "delete_many", "list")
+
+
+class Metrics:
+    """One node's registry and the instruments its shells observe."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.append_seconds = LoopHistogram(
+            "tiered_append_seconds",
+            "Appends from admission to the answer (durable when acknowledged), refusals included",
+            FAST_BUCKETS,
+        )
+        self.fsync_seconds = Histogram(
+            "tiered_fsync_seconds",
+            "Journal batches: write + fdatasync (fsync=always), or each periodic fdatasync (fsync=interval)",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.store_request_seconds = Histogram(
+            "tiered_store_request_seconds",
+            "Object-store requests by operation, retries included (list: a whole listing)",
+            ["operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.cold_flush_seconds = Histogram(
+            "tiered_cold_flush_seconds",
+            "Flush passes that uploaded an object or failed (idle passes are not counted)",
+            buckets=PASS_BUCKETS,
+            registry=r,
+        )
+        self.gc_pass_seconds = Histogram(
+            "tiered_gc_pass_seconds",
+            "GC passes (not dry runs), scheduled or asked for over the admin API",
+            buckets=PASS_BUCKETS,
+            registry=r,
+        )
+        self.store_operations = {op: self.store_request_seconds.labels(op) for op in STORE_OPERATIONS}
+        self.requests: dict[str, dict[int, int]] = {}  # route -> status -> requests answered
+        self.disconnects: dict[tuple[str, str], int] = {}  # (route, phase) -> clients that left
+        #: The router's labelling, for requests answered before they reached it (``build_handler``).
+        self.label_unrouted: Callable[[Request], str] | None = None
+        r.register(LoopCollector(self))
+
+    def count_answer(self, request: Request, response: Response) -> None:
+        """One answered request, by the route the router named and the status sent.
+
+        Called by the outermost HTTP layer (``tiered.api.kit.middleware.request_id``) on the
+        event loop, so refusals and 500s count with the status the client got;
+        a request whose client left before its answer is counted by
+        ``count_disconnect`` instead. The label is kept in ``request.route``
+        for the access log.
+        """
+        route = request.route
+        if route == UNMATCHED:
+            route = self._label(request)  # refused before the router (auth): label it now
+        by_status = self.requests.get(route)
+        if by_status is None:
+            by_status = self.requests[route] = {}
+        status = response.status
+        by_status[status] = by_status.get(status, 0) + 1
+
+    def count_disconnect(self, request: Request, phase: str) -> None:
+        """A client that left: before its answer (``request``) or during a streamed one (``response``)."""
+        key = (self._label(request), phase)
+        self.disconnects[key] = self.disconnects.get(key, 0) + 1
+
+    def _label(self, request: Request) -> str:
+        route = request.route
+        if route == UNMATCHED and self.label_unrouted is not None:
+            route = request.route = self.label_unrouted(request)  # refused before the router (auth)
+        return route
+
+    def watch(self, node: Node) -> None:
+        """Expose ``node``'s state (its composed parts) at every scrape."""
+        self.registry.register(NodeCollector(node))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format (0.0.4) of everything in this node's registry."""
+        return prometheus_client.generate_latest(self.registry)
+
+
+class LoopHistogram:
+    """A histogram observed only on the event loop, for the append path: a bisect and two additions.
+
+    prometheus-client's ``Histogram`` takes a lock per bucket and sum (about
+    0.7 us an observation, 1.1 us through ``time()``, measured here); this one
+    about 0.2 us, which the append path can afford. It is exposed through a
+    custom collector (``LoopCollector``) in the same text format.
+    """
+
+    __slots__ = ("name", "documentation", "bounds", "counts", "sum")
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+    def time(self) -> AbstractContextManager[Any]:
+        return Timer(self, "observe")  # type: ignore[no-untyped-call]
+
+    def family(self) -> HistogramMetricFamily:
+        cumulative, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            cumulative.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
+        return HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
+
+
+class LoopCollector:
+    """What the request path counts without prometheus-client's locks: appends' latency, answered requests."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.metrics
+        yield m.append_seconds.family()
+        requests = CounterMetricFamily(
+            "tiered_http_requests",
+            "HTTP requests answered, by route (the router's name for it, never the path) and status",
+            labels=["route", "status"],
+        )
+        for route, by_status in sorted(m.requests.items()):
+            for status, n in sorted(by_status.items()):
+                requests.add_metric([route, str(status)], n)
+        yield requests
+        yield disconnects_family(m.disconnects)
+
+
+class NodeCollector:
+    """Gauges and lifetime counters read from the node's state when scraped."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        state, reader, flusher, gc, store = node.state, node.reader, node.flusher, node.gc, node.store_health
+
+        yield gauge(
+            "tiered_streams",
+            "Streams that exist (not deleted)",
+            sum(1 for s in state.streams.values() if not s.soft_deleted),
+        )
+        yield gauge("tiered_hot_bytes", "Bytes held only in the hot tier (not yet cold)", state.hot_bytes)
+        yield gauge("tiered_cold_objects", "Objects the metadata references", len(state.cold_objects))
+        yield gauge(
+            "tiered_cold_bytes",
+            "Bytes of the objects the metadata references",
+            sum(o.size for o in state.cold_objects.values()),
+        )
+        integrity = CounterMetricFamily(
+            "tiered_integrity_errors",
+            "Reads and copies refused because stored bytes failed their checksum",
+            labels=["tier"],
+        )
+        for tier, n in reader.integrity_errors.items():
+            integrity.add_metric([tier], n)
+        yield integrity
+        yield counter("tiered_store_stalls", "Object-store calls abandoned at their deadline", store.stalls)
+        yield gauge(
+            "tiered_store_reachable",
+            "Whether the object store answered its last probe or call (1) or not (0)",
+            1 if store.reachable else 0,
+        )
+        yield gauge("tiered_live_readers", "Long-poll and SSE readers waiting for data", node.waiters.count)
+        yield gauge(
+            "tiered_hot_damaged_frames",
+            "Hot records known to fail their checksum",
+            sum(len(d) for d in node.log.damage().values()),
+        )
+
+        yield counter("tiered_cold_puts", "Objects uploaded by the flusher", flusher.puts)
+        yield counter("tiered_cold_bytes_uploaded", "Bytes uploaded by the flusher", flusher.bytes_uploaded)
+        yield counter("tiered_cold_flush_failures", "Flush passes that failed", flusher.failures)
+        yield gauge(
+            "tiered_cold_flush_damaged_streams",
+            "Streams the flusher stopped copying at a damaged hot record",
+            len(flusher.damaged),
+        )
+
+        t = gc.totals
+        yield gauge(
+            "tiered_producer_states",
+            "Idempotent producers with state on a stream (bounded by --max-producers-per-stream, expired "
+            "after --producer-ttl-s idle)",
+            sum(len(s.producers) for s in state.streams.values()),
+        )
+        dropped = CounterMetricFamily(
+            "tiered_producer_states_dropped",
+            "Producer states dropped: idle past --producer-ttl-s (expired), or the longest idle one evicted "
+            "by a new producer at --max-producers-per-stream (cap); either producer is treated as new",
+            labels=["reason"],
+        )
+        counts = node.streams.producer_states_dropped
+        dropped.add_metric(["expired"], counts["expired"] + t.producer_states_expired)
+        dropped.add_metric(["cap"], counts["cap"])
+        yield dropped
+        yield gauge(
+            "tiered_gc_pending_deletions",
+            "Objects no stream owns, waiting for their grace delay or their deletion",
+            gc.pending_deletions(),
+        )
+        yield counter(
+            "tiered_gc_bytes_reclaimed", "Bytes GC freed (cold objects and hot copies)", t.bytes_reclaimed
+        )
+        yield counter(
+            "tiered_gc_objects_deleted", "Cold objects GC deleted (orphans included)", t.objects_deleted
+        )
+        yield counter("tiered_gc_orphans_found", "Objects no metadata references, found", t.orphans_found)
+        yield counter(
+            "tiered_gc_errors", "GC passes that failed, and deletions a pass could not make", t.errors
+        )
+        yield gauge(
+            "tiered_gc_integrity_errors",
+            "Objects the metadata references but the store lacks, at the last reconciliation",
+            t.integrity_errors,
+        )
+        yield gauge(
+            "tiered_gc_last_pass_timestamp_seconds",
+            "When the last GC pass finished (Unix seconds; 0: none yet)",
+            t.last_pass_ms / 1000,
+        )
+        groups = node.groups
+        yield counter(
+            "tiered_group_skipped_bytes",
+            "Bytes consumer groups never processed because retention released them first (cursors moved past)",
+            groups.skipped_bytes,
+        )
+        yield counter(
+            "tiered_group_skipped_ranges",
+            "Times retention moved a consumer group's cursor past data it had not committed",
+            groups.skipped_ranges,
+        )
+        subscriptions = node.subscriptions
+        yield counter(
+            "tiered_subscription_skipped_bytes",
+            "Bytes subscription links never had acked because retention released them first (acked offsets moved past)",
+            subscriptions.skipped_bytes,
+        )
+        yield counter(
+            "tiered_subscription_skipped_ranges",
+            "Times retention moved a subscription link's acked offset past data it had not acked",
+            subscriptions.skipped_ranges,
+        )
+        yield from bucket_metric_families(
+            state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
+        )
+
+
+def disconnects_family(disconnects: dict[tuple[str, str], int]) -> CounterMetricFamily:
+    """``tiered_http_client_disconnects_total{route,phase}`` (a single server's and a cluster node's)."""
+    family = CounterMetricFamily(
+        "tiered_http_client_disconnects",
+        "Requests whose client closed the connection: before the answer (phase=request: while sending its body "
+        "or waiting for a long-poll; not in tiered_http_requests_total) or during a streamed answer "
+        "(phase=response)",
+        labels=["route", "phase"],
+    )
+    for (route, phase), n in sorted(disconnects.items()):
+        family.add_metric([route, phase], n)
+    return family
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    """A counter named ``name`` + ``_total`` in the exposition."""
+    return CounterMetricFamily(name, documentation, value=value)

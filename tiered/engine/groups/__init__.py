@@ -1,0 +1,1 @@
+"""Consumer groups (our extension of the protocol): records, pure state, views, service."""

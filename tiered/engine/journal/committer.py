@@ -1,0 +1,123 @@
+"""Journal and apply as one step, then wait for durability: the write path every feature shares.
+
+Each write is decide (pure) -> ``commit_nowait`` (journal append + apply, no
+``await`` in between, so the event loop makes decide-journal-apply atomic) ->
+``durable`` (wait for the disk) -> respond. Streams, subscriptions, groups, the
+flusher and GC all write through one ``Committer``.
+
+Observers hook the step without the committer knowing the features: stream
+visibility holds what readers may see until a record is durable, and
+subscriptions add follow-up records (links for a new stream, wakes after an
+append) to the same batch, right after the record that caused them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.journal.journal import Journal, JournalFailed
+from tiered.engine.streams.state import StreamState
+
+RETRY_AFTER_JOURNAL_S = 5
+
+
+class CommitObserver(Protocol):
+    def before_apply(self, record: Any) -> object:
+        """Look at the state a record is about to change; the token comes back to ``after_apply``."""
+        ...
+
+    def after_apply(self, record: Any, token: object) -> Sequence[Any]:
+        """React to an applied record; returns follow-up records for the same batch."""
+        ...
+
+    def on_durable(self, record: Any) -> Callable[[], None] | None:
+        """What to run once the record is durable (on the loop, in log order)."""
+        ...
+
+
+def journal_failed(detail: str) -> TieredError:
+    return TieredError(ErrorCode.JOURNAL_FAILED, detail, retry_after_s=RETRY_AFTER_JOURNAL_S)
+
+
+class Committer:
+    def __init__(self, journal: Journal, state: StreamState, *, snapshot_every_bytes: int) -> None:
+        self.journal = journal
+        self.state = state
+        self.snapshot_every_bytes = snapshot_every_bytes
+        self.observers: list[CommitObserver] = []
+        self.snapshot_due = asyncio.Event()  # a snapshot task (owned by the node) waits on it
+
+    def check_writable(self) -> None:
+        if self.journal.failed is not None:
+            raise journal_failed("the journal cannot write to disk; restart the server")
+
+    async def admit(self) -> None:
+        """Wait while the pending batch is full (backpressure), then check the journal still writes."""
+        self.check_writable()
+        while self.journal.backlogged:
+            await self.journal.flushed()
+            self.check_writable()
+
+    def commit_nowait(self, records: Sequence[Any]) -> asyncio.Future[None] | None:
+        """Journal and apply records; returns the durability future of the last (no await here)."""
+        future = None
+        for record in records:
+            tokens = [o.before_apply(record) for o in self.observers]
+            callbacks = [cb for o in self.observers if (cb := o.on_durable(record)) is not None]
+            try:
+                future, location = self.journal.append(record, _chain(callbacks))
+            except JournalFailed as exc:
+                raise journal_failed(str(exc)) from None
+            self.state.apply(record, location)
+            for observer, token in zip(self.observers, tokens, strict=True):
+                follow_ups = observer.after_apply(record, token)
+                if follow_ups:
+                    future = self.commit_nowait(follow_ups)
+        if self.journal.bytes_since_snapshot >= self.snapshot_every_bytes:
+            self.snapshot_due.set()
+        return future
+
+    async def durable(self, future: asyncio.Future[None] | None) -> None:
+        """Wait until a committed batch is on disk (a failed disk is JOURNAL_FAILED, never a silent success)."""
+        if future is None:
+            return
+        try:
+            await asyncio.shield(future)
+        except JournalFailed as exc:
+            raise journal_failed(f"write not durable: {exc}") from None
+
+    async def commit(self, records: Sequence[Any]) -> None:
+        """Journal, apply and wait for durability (the entry point of background jobs)."""
+        if not records:
+            return
+        self.check_writable()
+        await self.durable(self.commit_nowait(records))
+
+    async def settled(self) -> None:
+        """Wait until everything applied so far is durable.
+
+        Answers that rest on state still on its way to disk ("stream is closed"
+        while the close is in flight, an identical create, a duplicate append)
+        wait for this first: answering before could tell a client something a
+        crash then takes back.
+        """
+        try:
+            await self.journal.flushed()
+        except JournalFailed as exc:
+            raise journal_failed(f"write not durable: {exc}") from None
+
+
+def _chain(callbacks: list[Callable[[], None]]) -> Callable[[], None] | None:
+    if not callbacks:
+        return None
+    if len(callbacks) == 1:
+        return callbacks[0]
+
+    def run_all() -> None:
+        for cb in callbacks:
+            cb()
+
+    return run_all

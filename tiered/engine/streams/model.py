@@ -1,0 +1,252 @@
+"""What the stream state machine is made of: streams, their hot and cold pieces, requests, slices.
+
+Plain data, no rules (the rules live in ``lifecycle``, ``appends``, ``cold_refs``,
+``release`` and ``reads``; ``state.StreamState`` holds it all together). No
+I/O, no clock, no HTTP: data locations are opaque ``(segment, position)``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from tiered.cold.parquet.chunk_index import ChunkIndex
+from tiered.core.content import is_json
+
+
+@dataclass(slots=True)
+class ProducerState:
+    epoch: int
+    last_seq: int
+    last_ms: int = 0  # when its last append was accepted (expiry: ``producers``)
+
+
+class HotChunks:
+    """Where a stream's hot bytes live: parallel arrays, one entry per append."""
+
+    __slots__ = ("starts", "lens", "segs", "poss", "times")
+
+    def __init__(self) -> None:
+        self.starts = array("q")
+        self.lens = array("q")
+        self.segs = array("q")
+        self.poss = array("q")
+        self.times = array("q")
+
+    def arrays(self) -> tuple[array[int], array[int], array[int], array[int], array[int]]:
+        return self.starts, self.lens, self.segs, self.poss, self.times
+
+    def add(self, start: int, length: int, seg: int, pos: int, ts_ms: int) -> None:
+        self.starts.append(start)
+        self.lens.append(length)
+        self.segs.append(seg)
+        self.poss.append(pos)
+        self.times.append(ts_ms)
+
+    def trim_below(self, offset: int) -> None:
+        """Forget chunks that end at or before ``offset``."""
+        n = 0
+        while n < len(self.starts) and self.starts[n] + self.lens[n] <= offset:
+            n += 1
+        if n:
+            for arr in self.arrays():
+                del arr[:n]
+
+    def trim_from(self, offset: int) -> None:
+        """Forget chunks that start at or after ``offset``."""
+        n = len(self.starts)
+        while n > 0 and self.starts[n - 1] >= offset:
+            n -= 1
+        if n < len(self.starts):
+            for arr in self.arrays():
+                del arr[n:]
+
+    @property
+    def start(self) -> int | None:
+        return self.starts[0] if self.starts else None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdRef:
+    """A stream range served by a cold object."""
+
+    start: int
+    end: int
+    key: str
+
+
+@dataclass(slots=True)
+class ColdObject:
+    key: str
+    size: int
+    crc32c: int
+    created_ms: int
+    index: ChunkIndex
+    refs: int = 0  # live stream ranges that read from it
+    released_ms: int | None = None  # when refs last reached zero (the grace delay starts)
+    deleting: bool = False  # a journaled delete is under way
+
+
+class PathHistory(NamedTuple):
+    """What the streams a path held before tell the next one (kept after they are gone).
+
+    ``incarnations``: how many streams the path held, so the next one's
+    incarnation number; ``fence``: the highest offset any of them issued (its
+    final tail). A new stream there serves no offset at or below ``fence``.
+    """
+
+    incarnations: int
+    fence: int
+
+
+@dataclass(slots=True)
+class Stream:
+    uid: int
+    bucket: str
+    path: str
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+    created_ms: int
+    fork_source: int | None
+    fork_offset: int  # first offset of the stream's own data
+    fork_spec: str | None
+    tail: int
+    closed: bool = False
+    closed_by: tuple[str, int, int] | None = None
+    producers: dict[str, ProducerState] = field(default_factory=dict)  # least recently used first
+    producer_bytes: int = 0  # derived: what ``producers`` counts towards the bucket's retained bytes
+    stream_seq: str | None = None
+    chunks: HotChunks = field(default_factory=HotChunks)
+    cold_refs: list[ColdRef] = field(default_factory=list)
+    cold_end: int = -1  # own data below this is in cold objects (set to fork_offset at creation)
+    forks: int = 0  # live forks that read through this stream
+    retained_from: int = 0  # reads below this get 410 Gone
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    keep_start: int = 0  # data below this is released (not needed by the stream or its forks)
+    keep_end: int | None = None  # data from here on is released (soft-deleted sources only)
+    soft_deleted: bool = False
+    last_access_ms: int = 0
+    touch_journaled_ms: int = 0
+    incarnation: int = 0  # how many streams its path held before it (``PathHistory``)
+
+    # Not journal state: when the journal last heard of a TTL touch (a throttle).
+    SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)
+
+    @property
+    def json(self) -> bool:
+        return is_json(self.content_type)
+
+    def expired(self, now_ms: int) -> bool:
+        if self.expires_at_ms is not None and now_ms >= self.expires_at_ms:
+            return True
+        return self.ttl_s is not None and now_ms >= self.last_access_ms + self.ttl_s * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ForkCopy:
+    """A fork of a stream this engine does not hold (cluster mode: another shard's), as a copy.
+
+    ``base`` is the source's stored bytes ``[base_from, offset)``, fetched when the
+    fork is created; the fork stores them as its own data at the same offsets.
+    The expiry and content type are the ones the source's engine resolved (a
+    fork inherits its source's expiry when it names none). ``None`` in
+    ``ForkRequest.copy``: not fetched (a live stream already holds the path).
+    """
+
+    base: bytes
+    base_from: int
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRequest:
+    source_uid: int | None  # None: the source is elsewhere, ``copy`` holds what the fork inherits
+    offset: int  # resolved absolute fork point
+    spec: str  # canonical description of the fork headers
+    copy: ForkCopy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    content_type: str | None
+    ttl_s: int | None
+    expires_at: str | None
+    expires_at_ms: int | None
+    closed: bool
+    data: bytes
+    fork: ForkRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    content_type: str | None
+    data: bytes
+    close: bool
+    producer: str | None = None
+    epoch: int = 0
+    seq: int = 0
+    stream_seq: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """An append already applied earlier: succeed without writing anything."""
+
+    stream: Stream
+    epoch: int | None
+    seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HotSlice:
+    segment: int
+    position: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ColdSlice:
+    key: str
+    bucket: str
+    path: str
+    start: int
+    end: int
+
+
+ReadSlice = HotSlice | ColdSlice
+
+
+class StateExtension(Protocol):
+    """Another deterministic state machine that lives in the same journal.
+
+    Subscriptions and consumer groups register one: the journal replays their
+    records through ``apply`` and snapshots carry their ``snapshot()`` bytes.
+    An extension that lists stream record types in ``observed_types`` has
+    ``observe(record, state)`` called right after ``StreamState`` applied one
+    (tenants count usage there, so replay counts exactly what was journaled).
+    """
+
+    name: str
+    record_types: tuple[type, ...]
+
+    def apply(self, record: Any) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class StreamObserver(Protocol):
+    """An extension that lists ``observed_types``: sees those stream records once applied."""
+
+    def observe(self, record: Any, state: Any) -> None: ...

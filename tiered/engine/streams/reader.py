@@ -1,0 +1,145 @@
+"""The read path: bytes of a stream stitched from hot segments and cold objects, every byte checked.
+
+Hot records are checksum-checked once (``SegmentLog``); a segment nobody
+checked since start-up is checked on a worker thread first, never on the
+event loop. Cold reads are bounded by a deadline and check every fetched
+byte against the digests in the object's index. Damage on either tier is
+``DATA_DAMAGED`` (counted and logged with where it is); an object store that
+does not answer is ``STORE_UNAVAILABLE`` (the HTTP layer adds when to retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from bisect import bisect_right
+from collections.abc import Callable
+
+from tiered.cold.objects.store import ObjectNotFound, ObjectStoreError
+from tiered.cold.parquet.chunk_index import ColdDataDamaged
+from tiered.cold.parquet.reader import ColdReader
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.jobs.health import StoreHealth
+from tiered.engine.streams.model import ColdSlice, Stream
+from tiered.engine.streams.state import StreamState
+from tiered.hot.log import SegmentLog, SegmentUnchecked
+from tiered.hot.segment import DamagedRecordError
+
+log = logging.getLogger(__name__)
+
+
+def damaged(message: str) -> TieredError:
+    return TieredError(ErrorCode.DATA_DAMAGED, message)
+
+
+class StreamReader:
+    def __init__(
+        self,
+        state: StreamState,
+        hot: SegmentLog,
+        cold: ColdReader | None,
+        store_health: StoreHealth,
+        *,
+        cold_read_timeout_s: float,
+    ) -> None:
+        self.state = state
+        self.hot = hot
+        self.cold = cold
+        self.store_health = store_health
+        self.cold_read_timeout_s = cold_read_timeout_s
+        self.integrity_errors = {"hot": 0, "cold": 0}  # reads refused for damage
+        # Usage: bytes served, by the bucket of the stream read and the tier they came from.
+        self.on_egress: Callable[[str, int, int], None] | None = None
+
+    async def read(self, s: Stream, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a stream (callers stay within the visible tail)."""
+        while True:
+            try:
+                return await self._read(s, start, end)
+            except SegmentUnchecked as exc:
+                # First read of a segment recovery did not check: verify it off the loop, then re-plan.
+                await asyncio.to_thread(self.hot.check_segment, exc.segment)
+            except DamagedRecordError as exc:
+                self.integrity_errors["hot"] += 1
+                log.error(
+                    "integrity: hot read of %s/%s [%d, %d) hit damaged %s", s.bucket, s.path, start, end, exc
+                )
+                raise damaged(
+                    f"stored data of this stream is damaged (hot segment {exc.segment}, byte {exc.position}); "
+                    "it will not be served"
+                ) from None
+
+    async def _read(self, s: Stream, start: int, end: int) -> bytes:
+        c = s.chunks
+        hot = self.hot
+        if c.starts and start >= c.starts[0] and (s.fork_source is None or start >= s.fork_offset):
+            # All hot, all the stream's own: the common catch-up case, no slice objects.
+            i = bisect_right(c.starts, start) - 1
+            data = hot.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
+            if self.on_egress is not None:
+                self.on_egress(s.bucket, len(data), 0)
+            return data
+        slices = self.state.plan_read(s, start, end)
+        # Hot slices first, with no await in between: a segment the plan names
+        # cannot be trimmed and deleted while cold reads are in flight.
+        parts: list[bytes | None] = [
+            None
+            if isinstance(sl, ColdSlice)
+            else hot.read(sl.segment, sl.position, sl.length, inline_check=False)
+            for sl in slices
+        ]
+        cold = [(i, sl) for i, sl in enumerate(slices) if isinstance(sl, ColdSlice)]
+        if cold:
+            # Ranged GETs of different objects overlap rather than queue.
+            fetched = await asyncio.gather(*(self._read_cold(sl) for _, sl in cold))
+            for (i, _), data in zip(cold, fetched, strict=True):
+                parts[i] = data
+        if self.on_egress is not None:
+            cold_bytes = sum(len(parts[i] or b"") for i, _ in cold)
+            hot_bytes = sum(len(p or b"") for p in parts) - cold_bytes
+            self.on_egress(s.bucket, hot_bytes, cold_bytes)
+        if len(parts) == 1:
+            return parts[0] or b""
+        return b"".join(p or b"" for p in parts)
+
+    async def _read_cold(self, sl: ColdSlice) -> bytes:
+        obj = self.state.cold_objects.get(sl.key)
+        if obj is None or self.cold is None:
+            raise TieredError(
+                ErrorCode.COLD_NOT_READY, "cold data is not available right now", retry_after_s=1
+            )
+        timeout = self.cold_read_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                data = await self.cold.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
+            self.store_health.ok()
+            return data
+        except TimeoutError:
+            self.store_health.failed(
+                f"a cold read of {sl.key} got no answer within {timeout:g}s", stalled=True
+            )
+            raise TieredError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"the object store did not answer within {timeout:g}s; retry shortly",
+            ) from None
+        except ColdDataDamaged as exc:
+            self.integrity_errors["cold"] += 1
+            log.error("integrity: cold read of %s/%s [%d, %d): %s", sl.bucket, sl.path, sl.start, sl.end, exc)
+            raise damaged(
+                f"stored data of this stream is damaged (cold object {sl.key}); it will not be served"
+            ) from None
+        except ObjectNotFound:
+            self.integrity_errors["cold"] += 1
+            log.error(
+                "integrity: cold object %s is missing from the store (read of %s/%s)",
+                sl.key,
+                sl.bucket,
+                sl.path,
+            )
+            raise damaged(f"cold object {sl.key} is missing from the object store") from None
+        except ObjectStoreError as exc:
+            log.warning("cold read of %s failed: %s", sl.key, exc)
+            self.store_health.failed(str(exc))
+            raise TieredError(
+                ErrorCode.STORE_UNAVAILABLE, "the object store is unavailable; retry shortly"
+            ) from None

@@ -1,0 +1,183 @@
+"""Journal records of streams, buckets, the cold tier and GC: the events ``StreamState`` applies.
+
+The metadata journal is the system's source of truth. Every change to stream
+state is one of these records, msgpack-encoded with a versioned tag
+(``name.vN``) so old journals stay readable when a record gains a version
+(``tiered.engine.codec`` puts every feature's records in one union).
+Records that carry stream bytes put them in the last field: msgpack stores a
+``bin`` value raw at the end of the body, so the payload's position on disk is
+``body_end - len(data)`` and reads can ``pread`` it without decoding.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tiered.cold.parquet.chunk_index import ChunkIndex
+
+
+class _Record(msgspec.Struct, array_like=True, frozen=True, tag_field="t"):
+    pass
+
+
+class BucketCreated(_Record, frozen=True, tag="bucket.create.v1"):
+    name: str
+    ts_ms: int
+
+
+class StreamCreated(_Record, frozen=True, tag="stream.create.v1"):
+    uid: int
+    bucket: str
+    path: str
+    content_type: str
+    ttl_s: int | None
+    expires_at: str | None  # as the client sent it, echoed back verbatim
+    expires_at_ms: int | None
+    closed: bool
+    ts_ms: int
+    fork_source: int | None  # uid of the source stream
+    # Where the stream's own data begins: a fork's fork point; a plain stream's first offset (0, or
+    # above every offset its path issued before when the path held a stream already: ``lifecycle``).
+    fork_offset: int
+    fork_spec: str | None  # the fork headers as requested, for idempotent re-creation
+    data: bytes
+
+
+class Appended(_Record, frozen=True, tag="append.v1"):
+    uid: int
+    offset: int  # stream position of data[0]
+    ts_ms: int
+    producer: str | None
+    epoch: int
+    seq: int
+    stream_seq: str | None
+    close: bool  # close the stream after this (possibly empty) append
+    data: bytes
+
+
+class StreamDeleted(_Record, frozen=True, tag="delete.v1"):
+    uid: int
+    ts_ms: int
+
+
+class StreamTouched(_Record, frozen=True, tag="touch.v1"):
+    """A read reset a sliding TTL; journaled lazily so restarts keep it."""
+
+    uid: int
+    ts_ms: int
+
+
+class StreamExpired(_Record, frozen=True, tag="expire.v1"):
+    uid: int
+    ts_ms: int
+
+
+class ProducersExpired(_Record, frozen=True, tag="producers.expire.v1"):
+    """GC: these streams drop the producer states idle past the producer TTL at ``ts_ms``.
+
+    Appends drop their stream's expired states as they apply; this reaches
+    streams nobody appends to any more, so what they held is released.
+    """
+
+    ts_ms: int
+    uids: tuple[int, ...]
+
+
+class CopyRange(msgspec.Struct, array_like=True, frozen=True):
+    """A stream's byte range ``[start, end)`` that a cold object holds."""
+
+    uid: int
+    start: int
+    end: int
+
+
+class ColdCopyStarted(_Record, frozen=True, tag="cold.copy-start.v1"):
+    """Intent, journaled before the upload: a crash leaves a known orphan key."""
+
+    key: str
+    ts_ms: int
+    ranges: tuple[CopyRange, ...]
+
+
+class ColdCopyCommitted(_Record, frozen=True, tag="cold.copy-finish.v1"):
+    """The object is durably uploaded: its ranges are now served from it."""
+
+    key: str
+    ts_ms: int
+    size: int
+    crc32c: int  # of the whole object, so verification catches any flipped byte
+    index: ChunkIndex
+    ranges: tuple[CopyRange, ...]
+
+
+class ColdCopyAborted(_Record, frozen=True, tag="cold.copy-abort.v1"):
+    """The upload will not be committed; the key (if written) is an orphan."""
+
+    key: str
+    ts_ms: int
+    reason: str
+
+
+class HotTrimmed(_Record, frozen=True, tag="hot.trim.v1"):
+    """Hot copies below each offset are no longer needed (they are cold)."""
+
+    ts_ms: int
+    trims: tuple[tuple[int, int], ...]  # (uid, offset)
+
+
+class BucketErased(_Record, frozen=True, tag="bucket.erase.v1"):
+    """Every stream of the bucket is gone and the name is fenced forever."""
+
+    name: str
+    ts_ms: int
+
+
+class RetentionPolicySet(_Record, frozen=True, tag="retention.policy.v1"):
+    """Age/size retention for a bucket (uid None) or one stream; None clears a limit."""
+
+    bucket: str
+    uid: int | None
+    retention_ms: int | None
+    retention_bytes: int | None
+    ts_ms: int
+
+
+class RetentionAdvanced(_Record, frozen=True, tag="retention.advance.v1"):
+    """Streams' earliest retained offsets move forward; data below is released."""
+
+    ts_ms: int
+    advances: tuple[tuple[int, int], ...]  # (uid, new retained offset)
+
+
+class ColdDeleteStarted(_Record, frozen=True, tag="cold.delete-start.v1"):
+    """Journaled before the object-store delete (orphans: keys the metadata never knew)."""
+
+    keys: tuple[str, ...]
+    ts_ms: int
+    orphan: bool
+
+
+class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
+    keys: tuple[str, ...]
+    ts_ms: int
+    orphan: bool
+
+
+StreamRecord = (
+    BucketCreated
+    | StreamCreated
+    | Appended
+    | StreamDeleted
+    | StreamTouched
+    | StreamExpired
+    | ProducersExpired
+    | ColdCopyStarted
+    | ColdCopyCommitted
+    | ColdCopyAborted
+    | HotTrimmed
+    | BucketErased
+    | RetentionPolicySet
+    | RetentionAdvanced
+    | ColdDeleteStarted
+    | ColdDeleteFinished
+)

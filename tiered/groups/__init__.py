@@ -1,1 +1,0 @@
-"""Consumer groups (our extension of the protocol): records, pure state, views, service, routes, client."""

@@ -1,1 +1,0 @@
-"""Subscriptions (protocol sections 6 and 7): records, pure state, views, service, delivery, routes."""
