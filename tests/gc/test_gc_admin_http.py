@@ -333,6 +333,10 @@ COUNTERS = (  # family names: the samples end in _total
     "tiered_http_requests",
     "tiered_producer_states_dropped",
     "tiered_http_client_disconnects",
+    "tiered_group_skipped_bytes",
+    "tiered_group_skipped_ranges",
+    "tiered_subscription_skipped_bytes",
+    "tiered_subscription_skipped_ranges",
 )
 BUCKET_FAMILIES = {  # per-bucket (tiered.engine.tenants.bucket_metrics): no series before a bucket has usage
     "tiered_bucket_appended_bytes": "counter",
@@ -414,6 +418,10 @@ def test_gc_routes_and_metrics(tmp_path: Path, no_token_env: None) -> None:
             "tiered_producer_states",
             'tiered_producer_states_dropped_total{reason="expired"}',
             'tiered_producer_states_dropped_total{reason="cap"}',
+            "tiered_group_skipped_bytes_total",
+            "tiered_group_skipped_ranges_total",
+            "tiered_subscription_skipped_bytes_total",
+            "tiered_subscription_skipped_ranges_total",
         }
         assert all(v == 0 for k, v in state.items() if k != "tiered_store_reachable"), m
 
