@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.error_helpers import http_status, protocol_headers
@@ -1220,6 +1220,7 @@ class Model:
     def kill(self, s: MStream) -> None:
         if s.forks > 0:
             s.soft_deleted = True
+            s.producers.clear()  # nobody appends to it again (its closed_by stays: it is still closed)
             return
         while True:
             del self.objs[s.uid]
@@ -1536,8 +1537,21 @@ _histories = st.tuples(
 ).map(lambda t: t[0] + t[1])
 
 
+_CREATE_A = ("create", "a", None, None, False, b"")
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(commands=_histories, snapshot_at=st.integers(min_value=0, max_value=43))
+# A source soft-deleted after a producer closed it keeps no producer state (nobody appends to it again).
+@example(
+    commands=[
+        _CREATE_A,
+        ("fork", "a", "b", 0.0, None, None, b""),
+        ("close", "a", ("p", 0, 0)),
+        ("delete", "a"),
+    ],
+    snapshot_at=0,
+)
 def test_model_based_decide_apply_read_replay_snapshot(
     commands: list[tuple[Any, ...]], snapshot_at: int
 ) -> None:
