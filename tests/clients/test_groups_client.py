@@ -214,3 +214,45 @@ def test_a_deleted_stream_still_stops_its_reader() -> None:
 
     assert run(server, none) is None
     assert server.reads == [off(0)]
+
+
+def test_close_while_a_long_poll_is_being_abandoned_returns() -> None:
+    """close() cancels the heartbeat task; if that lands while the task waits for the long-poll it just
+    abandoned (a commit kicked it), the cancellation must not be taken for the long-poll's own: it used to
+    be swallowed there, the loop went on heartbeating and close() (and ``async with``) never returned."""
+    server = FakeGroupServer(cursor=RETAINED)
+
+    async def main() -> None:
+        async with server:
+            consumer = GroupConsumer(server.url, "billing", "w1")
+            real_post = consumer._post
+            in_long_poll, abandoning = asyncio.Event(), asyncio.Event()
+
+            async def post(action: str, body: dict[str, Any], timeout: float = 10.0) -> tuple[int, Any]:
+                if action != "heartbeat" or not body["wait_ms"]:
+                    return await real_post(action, body, timeout)
+                in_long_poll.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    abandoning.set()
+                    await asyncio.sleep(0.2)  # giving the connection back takes a moment
+                    raise
+                raise AssertionError("unreachable")
+
+            consumer._post = post  # type: ignore[method-assign]
+            await consumer.start()
+            async with asyncio.timeout(10):
+                await in_long_poll.wait()
+            consumer._kick.set()  # what a commit does: the long-poll is abandoned to send it
+            async with asyncio.timeout(10):
+                await abandoning.wait()
+            closing = asyncio.ensure_future(consumer.close())
+            done, _ = await asyncio.wait({closing}, timeout=5)  # a bound for a hang: it takes milliseconds
+            assert consumer._hb_task is not None
+            heartbeats_ended = consumer._hb_task.done()
+            consumer._hb_task.cancel()  # a second cancellation ends it even when the first was swallowed
+            await closing
+            assert closing in done and heartbeats_ended, "close() waited for a heartbeat loop that went on"
+
+    asyncio.run(main())

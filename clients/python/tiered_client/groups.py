@@ -396,8 +396,12 @@ class GroupConsumer:
                         done, _ = await asyncio.wait({request, kicked}, return_when=asyncio.FIRST_COMPLETED)
                         if request not in done:
                             request.cancel()
-                            with contextlib.suppress(asyncio.CancelledError, *_NETWORK_ERRORS):
-                                await request
+                            # Wait for its end, not its outcome: ``await request`` would raise the
+                            # request's CancelledError, and suppressing that also swallowed a cancellation
+                            # of this task (close()) arriving meanwhile, so the loop went on for ever.
+                            await asyncio.wait({request})
+                            if not request.cancelled():
+                                request.exception()  # ended before the cancel took: its outcome is moot
                             continue
                     status, resp = await request
                 finally:
