@@ -237,14 +237,16 @@ def test_client_hands_over_on_join_and_stops_when_superseded(tmp_path: Path) -> 
             a = GroupConsumer(srv.url, "h", "a", wait_ms=500)
             await a.start()
             ta = asyncio.create_task(consume("a", a))
-            while len(seen["a"]) < 4:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + scaled(8)
+            while loop.time() < deadline and len(seen["a"]) < 4:
                 await asyncio.sleep(0.05)
+            assert len(seen["a"]) == 4, seen
             assert sorted(a.assigned) == streams
             b = GroupConsumer(srv.url, "h", "b", wait_ms=500)
             await b.start()
             tb = asyncio.create_task(consume("b", b))
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 8
+            deadline = loop.time() + scaled(8)
             while loop.time() < deadline and not (len(a.assigned) == 2 and len(b.assigned) == 2):
                 await asyncio.sleep(0.05)
             assert len(a.assigned) == 2 and len(b.assigned) == 2, (a.assigned, b.assigned)
@@ -252,7 +254,8 @@ def test_client_hands_over_on_join_and_stops_when_superseded(tmp_path: Path) -> 
             # b resumes from a's committed cursors: nothing a processed is handed to b again.
             for s in streams:
                 append(stream_url(srv.url, s), f"{s} second\n", "text/plain")
-            while loop.time() < deadline + 5 and len(seen["a"]) + len(seen["b"]) < 8:
+            deadline = loop.time() + scaled(5)
+            while loop.time() < deadline and len(seen["a"]) + len(seen["b"]) < 8:
                 await asyncio.sleep(0.05)
             assert sorted(seen["a"] + seen["b"]) == sorted(set(seen["a"] + seen["b"]))
             assert len(seen["a"] + seen["b"]) == 8
@@ -260,7 +263,7 @@ def test_client_hands_over_on_join_and_stops_when_superseded(tmp_path: Path) -> 
             a2 = GroupConsumer(srv.url, "h", "a", wait_ms=500)
             await a2.start()
             try:
-                await asyncio.wait_for(ta, 5)
+                await asyncio.wait_for(ta, scaled(5))
                 raise AssertionError("the superseded consumer kept going")
             except GroupFenced:
                 pass
