@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.groups.test_groups_http import group_spec, member_view, strip_times, target
 from tests.support.cluster_support import cluster_args, cluster_env, readiness, unique_prefix, wait_served
-from tests.support.deadlines import scaled
+from tests.support.deadlines import scaled, wait_for
 from tests.support.http_helpers import append, create, read, request, unique
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
@@ -252,6 +252,23 @@ def test_listings_metrics_and_gc_answer_for_every_shard(nodes: dict[str, ServerP
 # --------------------------------------------------------------------------- a group over shards of both nodes
 
 
+def wait_for_the_first_plan(via: ServerProcess, group: str) -> None:
+    """Wait until the group sweeper made a new group's first plan (its targets, revision 1).
+
+    A group is created without a plan; the sweeper (every 0.5 s) makes the first,
+    unless a join made it first. Waiting for it makes every later revision and
+    fence exact, whatever the load (a join racing the sweeper got revision 1 or 2).
+    """
+
+    def revision() -> int:
+        status, desc = call(via, "GET", f"/v1/groups/{group}")
+        assert status == 200, desc
+        return int(desc["revision"])
+
+    wait_for(lambda: revision() >= 1, 10, f"the sweeper's first plan of group {group!r}")
+    assert revision() == 1
+
+
 def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str, ServerProcess]) -> None:
     m1, m2 = nodes["m1"], nodes["m2"]
     g = group_in(0)  # coordinated in m1's shard 0
@@ -263,11 +280,12 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
     assert status == 201, view
     inc = view["incarnation"]
     assert [t["stream"] for t in view["targets"]] == sorted([a, b])
+    wait_for_the_first_plan(m1, g)  # revision 1: the targets, nobody to hold them yet
 
     status, v1 = call(m2, "POST", f"/v1/groups/{g}/join", {"member": "w1", "join_id": "j1"})
     assert (status, v1) == (
         200,
-        member_view(g, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 0, False)])),
+        member_view(g, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 0, False)])),
     )
 
     # The member reads each stream through any node and commits what it read.
@@ -276,16 +294,16 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
         assert (status, got) == (200, data[name])
     beat = {"member": "w1", "incarnation": inc, "generation": 1}
     commits = [
-        {"stream": a, "fence": 1, "offset": format_offset(10)},
-        {"stream": b, "fence": 1, "offset": format_offset(3)},
+        {"stream": a, "fence": 2, "offset": format_offset(10)},
+        {"stream": b, "fence": 2, "offset": format_offset(3)},
     ]
     status, hb = call(m1, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": commits})
     assert (status, hb) == (
         200,
-        member_view(g, inc, 1, "w1", 1, sorted([(a, 1, 10, False), (b, 1, 3, False)]), rejected=[]),
+        member_view(g, inc, 2, "w1", 1, sorted([(a, 2, 10, False), (b, 2, 3, False)]), rejected=[]),
     )
     # Past the tail of a stream in another node's shard: refused item by item, as on a single server.
-    over = [{"stream": b, "fence": 1, "offset": format_offset(4)}]
+    over = [{"stream": b, "fence": 2, "offset": format_offset(4)}]
     status, hb = call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": over})
     assert status == 200 and hb["rejected"] == [
         {"stream": b, "code": "OFFSET_BEYOND_TAIL", "message": f"offset is beyond the tail of {b!r}"}
@@ -302,13 +320,13 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
 
     # A second member: the stream of the higher shard moves to it, intent first.
     status, v2 = call(m1, "POST", f"/v1/groups/{g}/join", {"member": "w2", "join_id": "j2"})
-    assert (status, v2) == (200, member_view(g, inc, 2, "w2", 2, [], pending=[b]))
-    release = {"commits": [], "releases": [{"stream": b, "fence": 1}]}
+    assert (status, v2) == (200, member_view(g, inc, 3, "w2", 2, [], pending=[b]))
+    release = {"commits": [], "releases": [{"stream": b, "fence": 2}]}
     status, hb = call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, **release})
-    assert (status, hb) == (200, member_view(g, inc, 3, "w1", 1, [(a, 1, 10, False)], rejected=[]))
+    assert (status, hb) == (200, member_view(g, inc, 4, "w1", 1, [(a, 2, 10, False)], rejected=[]))
     beat2 = {"member": "w2", "incarnation": inc, "generation": 2}
     status, hb = call(m1, "POST", f"/v1/groups/{g}/heartbeat", beat2)
-    assert (status, hb) == (200, member_view(g, inc, 3, "w2", 2, [(b, 3, 5, False)], rejected=[]))
+    assert (status, hb) == (200, member_view(g, inc, 4, "w2", 2, [(b, 4, 5, False)], rejected=[]))
 
     for via in (m1, m2):
         status, desc = call(via, "GET", f"/v1/groups/{g}")
@@ -316,10 +334,10 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
         assert strip_times(desc) == {
             "group": g,
             "incarnation": inc,
-            "revision": 3,
+            "revision": 4,
             **group_spec(streams=sorted([a, b])),
             "members": [{"member": "w1", "generation": 1}, {"member": "w2", "generation": 2}],
             "targets": sorted(
-                [target(a, "w1", "w1", 1, 10, 10), target(b, "w2", "w2", 3, 5, 5)], key=lambda t: t["stream"]
+                [target(a, "w1", "w1", 2, 10, 10), target(b, "w2", "w2", 4, 5, 5)], key=lambda t: t["stream"]
             ),
         }

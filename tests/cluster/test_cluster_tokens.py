@@ -22,7 +22,7 @@ import pytest
 
 from tests.engine.groups.test_groups_http import member_view
 from tests.support.cluster_support import cluster_args, cluster_env, unique_prefix, wait_served
-from tests.support.deadlines import scaled
+from tests.support.deadlines import scaled, wait_for
 from tests.support.http_helpers import request, unique
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
@@ -389,6 +389,23 @@ def test_a_fanned_out_request_is_counted_once_in_the_bucket(nodes: dict[str, Ser
 # --------------------------------------------------------------------------- groups with a bucket's token only
 
 
+def wait_for_the_first_plan(via: ServerProcess, group: str, headers: dict[str, str]) -> None:
+    """Wait until the group sweeper made a new group's first plan (its targets, revision 1).
+
+    A group is created without a plan; the sweeper (every 0.5 s) makes the first,
+    unless a join made it first. Waiting for it makes every later revision and
+    fence exact, whatever the load (a join racing the sweeper got revision 1 or 2).
+    """
+
+    def revision() -> int:
+        status, desc = call(via, "GET", f"/v1/groups/{group}", headers=headers)
+        assert status == 200, desc
+        return int(desc["revision"])
+
+    wait_for(lambda: revision() >= 1, 10, f"the sweeper's first plan of group {group!r}")
+    assert revision() == 1
+
+
 def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
     moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -419,17 +436,18 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
         assert status == 201, view
         assert [t["stream"] for t in view["targets"]] == sorted([a, b])
         inc = view["incarnation"]
+        wait_for_the_first_plan(g1, group, auth)  # revision 1: the targets, nobody to hold them yet
         status, joined = call(g2, "POST", f"/v1/groups/{group}/join", {"member": "w1", "join_id": "j1"}, auth)
         assert (status, joined) == (
             200,
-            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 0, False)])),
+            member_view(group, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 0, False)])),
         )
-        commits = [{"stream": b, "fence": 1, "offset": format_offset(3)}]
+        commits = [{"stream": b, "fence": 2, "offset": format_offset(3)}]
         beat = {"member": "w1", "incarnation": inc, "generation": 1, "commits": commits}
         status, hb = call(g1, "POST", f"/v1/groups/{group}/heartbeat", beat, auth)
         assert (status, hb) == (
             200,
-            member_view(group, inc, 1, "w1", 1, sorted([(a, 1, 0, False), (b, 1, 3, False)]), rejected=[]),
+            member_view(group, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 3, False)]), rejected=[]),
         )
         assert call(g1, "POST", f"/v1/groups/{group}/join", {"member": "w2", "join_id": "j2"})[0] == 401
     finally:
