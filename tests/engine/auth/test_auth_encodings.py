@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.support.auth_support import OPERATOR, AuthServer, bearer
+from tests.support.deadlines import wait_for
 from tests.support.encodings import Part, Shape, Spelling, canonical, lit, spelled
 from tests.support.http_helpers import request as http
 
@@ -79,6 +80,10 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             assert http("PUT", f"{srv.url}/v1/stream/{stream}", {**OPERATOR, "Content-Type": ctype})[0] == 201
         for name, (bucket, pattern) in GROUPS.items():
             assert srv.admin("PUT", f"/v1/groups/{name}", {"bucket": bucket, "pattern": pattern})[0] == 201
+        # A group is created without a plan; the sweeper makes its first one within 0.5 s. Wait for it,
+        # so that it never lands between an example's two looks at the world.
+        for name in GROUPS:
+            wait_for(lambda g=name: planned(srv, g), 10, f"the sweeper's first plan of group {name!r}")
         sub = {"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wakes"}
         assert srv.admin("PUT", "/v1/stream/__ds/subscriptions/sub1", sub)[0] == 201
         creds: dict[str, dict[str, str]] = {"none": {}, "operator": OPERATOR}
@@ -90,6 +95,12 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield srv, creds
     finally:
         srv.stop()
+
+
+def planned(srv: AuthServer, group: str) -> bool:
+    status, body = srv.admin("GET", f"/v1/groups/{group}")
+    assert status == 200, body
+    return int(body["revision"]) >= 1
 
 
 def url(srv: AuthServer, spelling: Spelling) -> str:
