@@ -217,16 +217,17 @@ class GroupService:
         )
         groups.touch(name, incarnation, member, generation, now)
         await self._commit(records)
-        waits = bool(wait_ms and revision is not None and not rejected)
-        if waits:
+        waited = False
+        if wait_ms and revision is not None and not rejected:
             g = groups.get(name)
             wait = min(wait_ms, MAX_WAIT_MS, g.spec.session_timeout_ms // 2)
             await self.wait_for_change(name, incarnation, revision, wait / 1000)
+            waited = True
         # Waiting (for the disk or a plan change) let other requests in: a newer join under this member id,
         # or a delete, must fence this instance, not hand it the newer one's view.
         g = groups.check_group(name, incarnation)
         groups.check_member(g, member, generation)
-        if waits:
+        if waited:
             groups.touch(name, incarnation, member, generation, self.clock.now_ms())
         view = views.member_view(groups, name, member)
         view["rejected"] = rejected_json(rejected)
