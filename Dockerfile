@@ -24,6 +24,7 @@ COPY tiered/ tiered/
 COPY hot/ hot/
 COPY cold/ cold/
 COPY gc/ gc/
+COPY clients/python/tiered_client/ clients/python/tiered_client/
 # Reproducible: the same tree and build lock give the same wheel (SOURCE_DATE_EPOCH).
 ARG SOURCE_DATE_EPOCH=315532800
 RUN SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH} /opt/build/bin/python -m build --wheel --no-isolation --outdir /dist

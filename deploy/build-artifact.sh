@@ -58,10 +58,12 @@ python3 -m venv "$work/build-venv"
 log "wheel"
 mkdir "$work/src"
 cp -r "$here/pyproject.toml" "$here/README.md" "$here/tiered" "$here/hot" "$here/cold" "$here/gc" "$work/src/"
+mkdir -p "$work/src/clients/python"
+cp -r "$here/clients/python/tiered_client" "$work/src/clients/python/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 # The time of the last commit that changed what the wheel holds: a commit elsewhere (the
 # Terraform modules, the docs) leaves the wheel, and so the deployed artifact, unchanged.
-epoch=$(git -C "$here" log -1 --format=%ct -- pyproject.toml README.md tiered hot cold gc 2>/dev/null || true)
+epoch=$(git -C "$here" log -1 --format=%ct -- pyproject.toml README.md tiered hot cold gc clients/python/tiered_client 2>/dev/null || true)
 epoch=${epoch:-315532800}
 (cd "$work/src" && SOURCE_DATE_EPOCH=$epoch "$work/build-venv/bin/python" -m build --wheel \
   --no-isolation --outdir "$work/dist" >"$work/build.log" 2>&1) || {
