@@ -300,6 +300,9 @@ def test_a_tampered_artifact_is_refused_before_anything_is_installed(
         "".join(f"{sha256(good / n)}  {n}\n" for n in ("a-1.0-py3-none-any.whl", "requirements.txt"))
     )
     node.env_values["artifact_sha256sums"] = sha256(good / "SHA256SUMS")
+    # A prefix of its own: under the real wheelhouse's, its files would stay in the session's bucket and
+    # make every later boot from that wheelhouse fail ("does not match SHA256SUMS": a file too many).
+    node.artifact_prefix = node.env_values["artifact_prefix"] = f"artifacts/tampered-{uuid.uuid4().hex[:12]}"
     node.lay_out()
     s3 = _s3(moto_s3)
     for f in good.iterdir():

@@ -32,6 +32,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,18 +76,70 @@ def skip_or_fail(reason: str) -> None:
 # ---------------------------------------------------------------- what the tests need from outside
 
 
+#: Where the packages of tiered's wheel come from in the work tree (pyproject.toml's package-dir).
+WHEEL_SOURCES = {
+    "tiered/": "tiered/",
+    "tiered/hot/": "hot/",
+    "tiered/cold/": "cold/",
+    "tiered/gc/": "gc/",
+    "tiered_client/": "clients/python/tiered_client/",
+}
+
+
+def wheelhouse_problem(house: Path) -> str | None:
+    """Why ``house`` is not a wheelhouse of this work tree, or None.
+
+    It must hold exactly what its SHA256SUMS lists, with those digests (what the boot
+    script checks), and its tiered wheel must hold the work tree's sources: one built
+    before the last change (a stale ``dist/``) would boot other code than the tests test.
+    """
+    sums = house / "SHA256SUMS"
+    if not sums.is_file():
+        return "no SHA256SUMS"
+    listed = {
+        name: digest for digest, name in (line.split(None, 1) for line in sums.read_text().splitlines())
+    }
+    present = {f.name for f in house.iterdir()} - {"SHA256SUMS", "wheelhouse.json"}
+    if set(listed) != present:
+        return f"it holds {sorted(present ^ set(listed))} that SHA256SUMS does not list, or the reverse"
+    if any(sha256(house / name) != digest for name, digest in listed.items()):
+        return "a file does not match its digest in SHA256SUMS"
+    wheels = sorted(house.glob("tiered-*.whl"))
+    if len(wheels) != 1:
+        return f"{len(wheels)} tiered wheels"
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        packaged = {n: wheel.read(n) for n in wheel.namelist() if ".dist-info/" not in n}
+    tree = {
+        into + f.relative_to(ROOT / source).as_posix(): f
+        for into, source in WHEEL_SOURCES.items()
+        for f in (ROOT / source).rglob("*.py")
+    }
+    if set(packaged) != set(tree):
+        return f"its wheel's files differ from the work tree's: {sorted(set(packaged) ^ set(tree))[:5]}"
+    changed = [n for n, data in packaged.items() if tree[n].read_bytes() != data]
+    if changed:
+        return f"its wheel was built from other sources than the work tree's ({changed[:5]} differ)"
+    return None
+
+
 def wheelhouse(tmp_factory: pytest.TempPathFactory) -> Path:
-    """The wheelhouse .ci/run built (TIERED_WHEELHOUSE), or one built now with deploy/build-artifact.sh."""
+    """The wheelhouse .ci/run built (TIERED_WHEELHOUSE) if it is this work tree's, else one built now with
+    deploy/build-artifact.sh (once per session). Under CI a TIERED_WHEELHOUSE that is not fails the test."""
     given = os.environ.get("TIERED_WHEELHOUSE")
     if given:
-        path = Path(given)
-        assert (path / "SHA256SUMS").is_file(), f"TIERED_WHEELHOUSE={given} is not a wheelhouse"
-        return path
+        problem = wheelhouse_problem(Path(given))
+        if problem is None:
+            return Path(given)
+        if ci():
+            pytest.fail(
+                f"TIERED_WHEELHOUSE={given} is not this work tree's wheelhouse: {problem} (.ci/artifact)"
+            )
     out = tmp_factory.getbasetemp() / "artifact"  # built once per session, shared by the boot tests
-    built = list(out.glob("wheelhouse-*"))
+    built = [house for house in out.glob("wheelhouse-*") if (house / "wheelhouse.json").is_file()]  # complete
     if built:
         return built[0]
-    out.mkdir(exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # what an interrupted build left
+    out.mkdir()
     run = subprocess.run(
         [str(ROOT / "deploy" / "build-artifact.sh"), "--out", str(out)],
         capture_output=True,
@@ -96,6 +149,8 @@ def wheelhouse(tmp_factory: pytest.TempPathFactory) -> Path:
     if run.returncode != 0:
         skip_or_fail(f"deploy/build-artifact.sh failed (it needs PyPI): {run.stderr[-2000:]}")
     (house,) = out.glob("wheelhouse-*")
+    problem = wheelhouse_problem(house)
+    assert problem is None, f"deploy/build-artifact.sh built {house}: {problem}"
     return house
 
 
