@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.groups.test_groups_http import group_spec, member_view, strip_times, target
 from tests.support.cluster_support import cluster_args, cluster_env, readiness, unique_prefix, wait_served
-from tests.support.deadlines import scaled, wait_for
+from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import append, create, read, request, unique
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
@@ -80,6 +80,18 @@ def call(
         headers.update(ADMIN)
     status, _, out = request(method, srv.url + path, headers, data, timeout=20)
     return status, (json.loads(out) if out else None)
+
+
+def client_call(srv: ServerProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """``call``, retried on 503 + Retry-After as a client does (bounded). A node knows the shards' owners
+    from their leases: just after a start (or a move) it may know no serving owner of a shard for a
+    moment, and a group's decisions need every shard's streams, so it asks the caller to retry."""
+    deadline = Deadline(30)
+    while True:
+        status, out = call(srv, method, path, body)
+        if status != 503 or deadline.expired():
+            return status, out
+        time.sleep(min(float(out["error"].get("retry_after_s", 1)), 2.0))
 
 
 def name_in(bucket: str, shard: int, prefix: str = "s") -> str:
@@ -261,7 +273,7 @@ def wait_for_the_first_plan(via: ServerProcess, group: str) -> None:
     """
 
     def revision() -> int:
-        status, desc = call(via, "GET", f"/v1/groups/{group}")
+        status, desc = client_call(via, "GET", f"/v1/groups/{group}")
         assert status == 200, desc
         return int(desc["revision"])
 
@@ -276,13 +288,13 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
     data = {a: b"0123456789", b: b"abc"}
     for name, body in data.items():
         assert create(f"{m2.url}/v1/stream/{name}", "text/plain", body)[0] == 201
-    status, view = call(m2, "PUT", f"/v1/groups/{g}", {"streams": [b, a]})
+    status, view = client_call(m2, "PUT", f"/v1/groups/{g}", {"streams": [b, a]})
     assert status == 201, view
     inc = view["incarnation"]
     assert [t["stream"] for t in view["targets"]] == sorted([a, b])
     wait_for_the_first_plan(m1, g)  # revision 1: the targets, nobody to hold them yet
 
-    status, v1 = call(m2, "POST", f"/v1/groups/{g}/join", {"member": "w1", "join_id": "j1"})
+    status, v1 = client_call(m2, "POST", f"/v1/groups/{g}/join", {"member": "w1", "join_id": "j1"})
     assert (status, v1) == (
         200,
         member_view(g, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 0, False)])),
@@ -297,20 +309,20 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
         {"stream": a, "fence": 2, "offset": format_offset(10)},
         {"stream": b, "fence": 2, "offset": format_offset(3)},
     ]
-    status, hb = call(m1, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": commits})
+    status, hb = client_call(m1, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": commits})
     assert (status, hb) == (
         200,
         member_view(g, inc, 2, "w1", 1, sorted([(a, 2, 10, False), (b, 2, 3, False)]), rejected=[]),
     )
     # Past the tail of a stream in another node's shard: refused item by item, as on a single server.
     over = [{"stream": b, "fence": 2, "offset": format_offset(4)}]
-    status, hb = call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": over})
+    status, hb = client_call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, "commits": over})
     assert status == 200 and hb["rejected"] == [
         {"stream": b, "code": "OFFSET_BEYOND_TAIL", "message": f"offset is beyond the tail of {b!r}"}
     ]
     # New data in m2's shard: the commit of what was just read is accepted (tails are asked fresh).
     assert append(f"{m1.url}/v1/stream/{b}", b"de", "text/plain")[0] == 204
-    status, hb = call(
+    status, hb = client_call(
         m2,
         "POST",
         f"/v1/groups/{g}/heartbeat",
@@ -319,17 +331,17 @@ def test_a_group_consumes_streams_of_shards_owned_by_both_nodes(nodes: dict[str,
     assert status == 200 and hb["rejected"] == []
 
     # A second member: the stream of the higher shard moves to it, intent first.
-    status, v2 = call(m1, "POST", f"/v1/groups/{g}/join", {"member": "w2", "join_id": "j2"})
+    status, v2 = client_call(m1, "POST", f"/v1/groups/{g}/join", {"member": "w2", "join_id": "j2"})
     assert (status, v2) == (200, member_view(g, inc, 3, "w2", 2, [], pending=[b]))
     release = {"commits": [], "releases": [{"stream": b, "fence": 2}]}
-    status, hb = call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, **release})
+    status, hb = client_call(m2, "POST", f"/v1/groups/{g}/heartbeat", {**beat, **release})
     assert (status, hb) == (200, member_view(g, inc, 4, "w1", 1, [(a, 2, 10, False)], rejected=[]))
     beat2 = {"member": "w2", "incarnation": inc, "generation": 2}
-    status, hb = call(m1, "POST", f"/v1/groups/{g}/heartbeat", beat2)
+    status, hb = client_call(m1, "POST", f"/v1/groups/{g}/heartbeat", beat2)
     assert (status, hb) == (200, member_view(g, inc, 4, "w2", 2, [(b, 4, 5, False)], rejected=[]))
 
     for via in (m1, m2):
-        status, desc = call(via, "GET", f"/v1/groups/{g}")
+        status, desc = client_call(via, "GET", f"/v1/groups/{g}")
         assert status == 200
         assert strip_times(desc) == {
             "group": g,

@@ -22,7 +22,7 @@ import pytest
 
 from tests.engine.groups.test_groups_http import member_view
 from tests.support.cluster_support import cluster_args, cluster_env, unique_prefix, wait_served
-from tests.support.deadlines import scaled, wait_for
+from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import request, unique
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
@@ -100,6 +100,20 @@ def call(
     sent.update(headers or {})
     status, _, out = request(method, srv.url + path, sent, data, timeout=20)
     return status, (json.loads(out) if out else None)
+
+
+def client_call(
+    srv: ServerProcess, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """``call``, retried on 503 + Retry-After as a client does (bounded). A node knows the shards' owners
+    from their leases: just after a start (or a move) it may know no serving owner of a shard for a
+    moment, and a group's decisions need every shard's streams, so it asks the caller to retry."""
+    deadline = Deadline(30)
+    while True:
+        status, out = call(srv, method, path, body, headers)
+        if status != 503 or deadline.expired():
+            return status, out
+        time.sleep(min(float(out["error"].get("retry_after_s", 1)), 2.0))
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -398,7 +412,7 @@ def wait_for_the_first_plan(via: ServerProcess, group: str, headers: dict[str, s
     """
 
     def revision() -> int:
-        status, desc = call(via, "GET", f"/v1/groups/{group}", headers=headers)
+        status, desc = client_call(via, "GET", f"/v1/groups/{group}", headers=headers)
         assert status == 200, desc
         return int(desc["revision"])
 
@@ -418,9 +432,11 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
     try:
         g1, g2 = started["m1"], started["m2"]
         # Auth on: the operator's routes need the admin token, on loopback too.
-        refused = call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"})
+        refused = client_call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"})
         assert (refused[0], refused[1]["error"]["code"]) == (401, "UNAUTHORIZED"), refused
-        minted = call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"}, OPERATOR)
+        minted = client_call(
+            g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"}, OPERATOR
+        )
         assert minted[0] == 201, minted
         auth = bearer(minted[1]["token"])
         group = next(
@@ -432,24 +448,28 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
                 "PUT", f"{g2.url}/v1/stream/{name}", {**auth, "Content-Type": "text/plain"}, body
             )
             assert status == 201
-        status, view = call(g2, "PUT", f"/v1/groups/{group}", {"streams": [b, a]}, auth)
+        status, view = client_call(g2, "PUT", f"/v1/groups/{group}", {"streams": [b, a]}, auth)
         assert status == 201, view
         assert [t["stream"] for t in view["targets"]] == sorted([a, b])
         inc = view["incarnation"]
         wait_for_the_first_plan(g1, group, auth)  # revision 1: the targets, nobody to hold them yet
-        status, joined = call(g2, "POST", f"/v1/groups/{group}/join", {"member": "w1", "join_id": "j1"}, auth)
+        status, joined = client_call(
+            g2, "POST", f"/v1/groups/{group}/join", {"member": "w1", "join_id": "j1"}, auth
+        )
         assert (status, joined) == (
             200,
             member_view(group, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 0, False)])),
         )
         commits = [{"stream": b, "fence": 2, "offset": format_offset(3)}]
         beat = {"member": "w1", "incarnation": inc, "generation": 1, "commits": commits}
-        status, hb = call(g1, "POST", f"/v1/groups/{group}/heartbeat", beat, auth)
+        status, hb = client_call(g1, "POST", f"/v1/groups/{group}/heartbeat", beat, auth)
         assert (status, hb) == (
             200,
             member_view(group, inc, 2, "w1", 1, sorted([(a, 2, 0, False), (b, 2, 3, False)]), rejected=[]),
         )
-        assert call(g1, "POST", f"/v1/groups/{group}/join", {"member": "w2", "join_id": "j2"})[0] == 401
+        assert (
+            client_call(g1, "POST", f"/v1/groups/{group}/join", {"member": "w2", "join_id": "j2"})[0] == 401
+        )
     finally:
         for srv in started.values():
             srv.stop()
