@@ -19,7 +19,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.groups.test_groups_http import group_spec, member_view, strip_times, target
-from tests.support.cluster_support import cluster_args, cluster_env, readiness, unique_prefix, wait_served
+from tests.support.cluster_support import (
+    cluster_args,
+    cluster_env,
+    readiness,
+    unique_prefix,
+    wait_every_shard_reachable,
+    wait_served,
+)
 from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import append, create, read, request, unique
 from tests.support.s3_server import S3Endpoint
@@ -65,6 +72,7 @@ def nodes(
                 break
             time.sleep(0.2)
         assert wait_served([m1, m2], SHARDS, 1) == [{0, 1}, {2, 3}]
+        wait_every_shard_reachable([m1, m2])
         yield started
     finally:
         for srv in started.values():

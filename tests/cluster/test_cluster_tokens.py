@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 
 from tests.engine.groups.test_groups_http import member_view
-from tests.support.cluster_support import cluster_args, cluster_env, unique_prefix, wait_served
+from tests.support.cluster_support import (
+    cluster_args,
+    cluster_env,
+    unique_prefix,
+    wait_every_shard_reachable,
+    wait_served,
+)
 from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import request, unique
 from tests.support.s3_server import S3Endpoint
@@ -61,6 +67,7 @@ def _start(
                 break
             time.sleep(0.2)
         assert wait_served(servers, SHARDS, 1) == want
+        wait_every_shard_reachable(servers, OPERATOR)
         return started
     except BaseException:
         for srv in started.values():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import s3_server
-from tests.support.deadlines import Deadline, load_factor
+from tests.support.deadlines import Deadline, load_factor, wait_for
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
 
@@ -125,6 +125,28 @@ def serving(srv: ServerProcess) -> set[int]:
         return set(readiness(srv.url)["checks"]["serving"])  # type: ignore[index,call-overload]
     except OSError:
         return set()
+
+
+def reaches_every_shard(srv: ServerProcess, headers: dict[str, str] | None = None) -> bool:
+    """Whether ``srv`` answers ``GET /v1/buckets``, which every shard answers a part of, with a 200."""
+    req = urllib.request.Request(srv.url + "/v1/buckets", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.HTTPError, OSError):
+        return False
+
+
+def wait_every_shard_reachable(
+    nodes: list[ServerProcess], headers: dict[str, str] | None = None, seconds: float = 20.0
+) -> None:
+    """Wait until every node reaches every shard. ``wait_served`` sees each node serve its own shards;
+    the others learn it from the leases a moment later, and until then a request that needs a shard of
+    another node is refused with 503 (no serving owner), which a test must not take for its subject."""
+    for srv in nodes:
+        wait_for(
+            lambda srv=srv: reaches_every_shard(srv, headers), seconds, f"{srv.url} to reach every shard"
+        )
 
 
 def wait_served(
