@@ -23,7 +23,7 @@ from tiered.core.errors import ErrorCode
 from tiered.core.errors import TieredError as StreamError
 from tiered.core.ids import DEFAULT_BUCKET, format_offset
 from tiered.engine.codec import Record, decode_record, encode_record
-from tiered.engine.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.engine.snapshot import decode_snapshot, encode_snapshot
 from tiered.engine.streams import lifecycle
 from tiered.engine.streams.model import (
     AppendRequest,

@@ -19,7 +19,7 @@ from tiered.cold.objects.store import ObjectNotFound, ObjectStoreError
 from tiered.cold.parquet.chunk_index import ColdDataDamaged
 from tiered.cold.parquet.reader import ColdReader
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.jobs.health import StoreHealth
+from tiered.core.ports import StoreHealth
 from tiered.engine.streams.model import ColdSlice, Stream
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog, SegmentUnchecked
