@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tiered.core.globs import compile_glob
+from tiered.engine.subscriptions.model import Link, Subscription, Wake
+from tiered.engine.subscriptions.wake_tokens import SigningKey
 
 if TYPE_CHECKING:
     from tiered.engine.subscriptions.state import SubscriptionState
@@ -123,13 +125,6 @@ def encode_state(state: SubscriptionState) -> bytes:
 
 def decode_state(state: SubscriptionState, data: bytes) -> None:
     """Load a snapshot into an empty ``state``."""
-    from tiered.engine.subscriptions.state import (  # the state module imports this one
-        Link,
-        Subscription,
-        Wake,
-    )
-    from tiered.engine.subscriptions.wake_tokens import SigningKey
-
     snap = msgspec.msgpack.decode(data, type=_StateSnap)
     if snap.version != SNAPSHOT_VERSION:
         raise ValueError(f"subscriptions snapshot version {snap.version} is not {SNAPSHOT_VERSION}")
