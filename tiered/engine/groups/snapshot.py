@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from tiered.engine.groups.model import Group, GroupSpec, Member, Target
 from tiered.engine.groups.records import PlanTarget
 
 if TYPE_CHECKING:
@@ -88,13 +89,6 @@ def encode_groups(groups: GroupsState, *, soft: bool) -> bytes:
 
 
 def decode_groups(self: GroupsState, data: bytes) -> None:
-    from tiered.engine.groups.state import (  # the state module imports this one
-        Group,
-        GroupSpec,
-        Member,
-        Target,
-    )
-
     snap = msgspec.msgpack.decode(data, type=_GroupsSnap)
     self.next_incarnation = snap.next_incarnation
     self.retired = dict(snap.retired)
