@@ -554,10 +554,14 @@ def test_incarnations_and_path_history_round_trip_through_a_snapshot() -> None:
     assert fingerprint(restored) == fingerprint(state)
 
 
+#: A stream's fields in a version-3 snapshot: ``uid`` to ``last_access_ms`` (version 4 added ``incarnation``).
+V3_STREAM_FIELDS = 27
+
+
 def _as_version_3(data: bytes) -> bytes:
     """A snapshot as a version-3 server wrote it: no incarnations, no path history."""
     body = msgspec.msgpack.decode(data[12:])
-    body[4] = [stream[:-1] for stream in body[4]]  # StreamSnap without ``incarnation``
+    body[4] = [stream[:V3_STREAM_FIELDS] for stream in body[4]]  # StreamSnap without ``incarnation``
     del body[-1]  # StateSnap without ``path_history``
     raw = msgspec.msgpack.encode(body)
     return data[:4] + (3).to_bytes(4, "little") + crc32c(raw).to_bytes(4, "little") + raw
