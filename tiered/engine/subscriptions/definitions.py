@@ -96,7 +96,6 @@ def apply_created(state: SubscriptionState, r: SubscriptionCreated) -> None:
         created_ms=r.ts_ms,
         config_hash=r.config_hash,
         base_url=r.base_url,
-        matcher=compile_glob(r.pattern) if r.pattern is not None else None,
     )
     state.subs[r.id] = sub
     state.next_incarnation = max(state.next_incarnation, r.incarnation + 1)

@@ -13,13 +13,20 @@ Per subscription:
   ``max(acked, 0)``.
 * ``generation`` counts wakes; at most one wake is recorded at a time. A new
   wake supersedes (fences) the old one.
+
+These are msgspec Structs and are their snapshot form too (``snapshot``): a
+field added to one is in snapshots with no other edit (added last, with a
+default, so older snapshots decode without it).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from functools import cached_property
 
+import msgspec
+
+from tiered.core.globs import compile_glob
 from tiered.engine.subscriptions.config import RESERVED_SEGMENT
 
 BEFORE_FIRST = -1
@@ -29,8 +36,7 @@ def is_reserved(path: str) -> bool:
     return path.split("/", 1)[0] == RESERVED_SEGMENT
 
 
-@dataclass(slots=True)
-class Link:
+class Link(msgspec.Struct, array_like=True):
     path: str
     explicit: bool
     glob: bool
@@ -44,8 +50,7 @@ class Link:
         return "explicit" if self.explicit else "glob"
 
 
-@dataclass(slots=True)
-class Wake:
+class Wake(msgspec.Struct, array_like=True):
     wake_id: str
     generation: int
     issued_ms: int
@@ -56,8 +61,7 @@ class Wake:
     delivered: bool = False
 
 
-@dataclass(slots=True)
-class Subscription:
+class Subscription(msgspec.Struct, array_like=True, dict=True):
     id: str
     incarnation: int
     type: str
@@ -70,14 +74,18 @@ class Subscription:
     created_ms: int
     config_hash: str
     base_url: str
-    links: dict[str, Link] = field(default_factory=dict)
+    links: dict[str, Link] = msgspec.field(default_factory=dict)
     generation: int = 0
     wake: Wake | None = None
     status: str = "active"  # "failed" while a webhook retry is scheduled
     attempts: int = 0  # consecutive failed deliveries
     next_attempt_ms: int | None = None
     last_error: str | None = None
-    matcher: re.Pattern[str] | None = None
+
+    @cached_property
+    def matcher(self) -> re.Pattern[str] | None:
+        """The pattern compiled (derived: not in snapshots, compiled once per subscription)."""
+        return compile_glob(self.pattern) if self.pattern is not None else None
 
     def matches(self, path: str) -> bool:
         return (
