@@ -4,14 +4,21 @@ Plain data, names and limits, and the predicates every rule module shares;
 the rules live by concern (``definitions``, ``membership``, ``planning`` with
 ``assignment``, ``commits``, ``skips``) and ``state.GroupsState`` holds it
 all together.
+
+``GroupSpec``, ``Member``, ``Target`` and ``Group`` are msgspec Structs and
+are their snapshot form too (``snapshot``): a field added to one is in
+snapshots with no other edit (added last, with a default, so older snapshots
+decode without it).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
+
+import msgspec
 
 from tiered.core.errors import TieredError, bad_request
 from tiered.core.globs import validate_glob
@@ -70,8 +77,7 @@ def normalize_paths(paths: Iterable[str]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- state
 
 
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
+class GroupSpec(msgspec.Struct, frozen=True, array_like=True):
     """A group's configuration as created (what an idempotent PUT compares)."""
 
     bucket: str = DEFAULT_BUCKET
@@ -100,8 +106,7 @@ class GroupSpec:
         )
 
 
-@dataclass(slots=True)
-class Member:
+class Member(msgspec.Struct, array_like=True):
     member: str
     join_id: str
     generation: int
@@ -112,8 +117,7 @@ class Member:
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("last_seen_ms",)
 
 
-@dataclass(slots=True)
-class Target:
+class Target(msgspec.Struct, array_like=True):
     stream_uid: int
     path: str
     linked: bool
@@ -138,22 +142,21 @@ class Target:
         return cls(t.stream_uid, t.path, t.linked, t.owner, t.holder, t.holder_generation, t.fence)
 
 
-@dataclass(slots=True)
-class Group:
+class Group(msgspec.Struct, array_like=True):
     name: str
     incarnation: int
     spec: GroupSpec
     created_ms: int
     revision: int = 0
     explicit: tuple[str, ...] = ()
-    members: dict[str, Member] = field(default_factory=dict)
-    targets: dict[int, Target] = field(default_factory=dict)  # by stream uid
-    cursors: dict[int, int] = field(default_factory=dict)  # stream uid -> next offset to process
+    members: dict[str, Member] = msgspec.field(default_factory=dict)
+    targets: dict[int, Target] = msgspec.field(default_factory=dict)  # by stream uid
+    cursors: dict[int, int] = msgspec.field(default_factory=dict)  # stream uid -> next offset to process
     # stream uid -> (start, end): retention moved the cursor from start to end (== the cursor) and no
     # commit moved it since; members and operators are shown it until then.
-    skipped: dict[int, tuple[int, int]] = field(default_factory=dict)
-    retired_joins: list[str] = field(default_factory=list)
-    recent_ops: dict[str, int] = field(default_factory=dict)  # op id -> revision it produced
+    skipped: dict[int, tuple[int, int]] = msgspec.field(default_factory=dict)
+    retired_joins: list[str] = msgspec.field(default_factory=list)
+    recent_ops: dict[str, int] = msgspec.field(default_factory=dict)  # op id -> revision it produced
     generation_seq: int = 0
 
     def plan_members(self) -> tuple[PlanMember, ...]:
