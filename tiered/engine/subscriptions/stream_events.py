@@ -11,6 +11,7 @@ shards' reports (``on_remote_stream``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tiered.core.ids import DEFAULT_BUCKET
@@ -48,33 +49,65 @@ def on_stream_event(
     """
     if not state.subs:
         return []
+    follow = _FOLLOW.get(type(record))
+    if follow is None:
+        return []
     try:
-        if isinstance(record, Appended):
-            if not record.data or before is None or before.bucket != DEFAULT_BUCKET:
-                return []
-            ids = state.by_path.get(before.path)
-            if not ids:
-                return []
-            view = StateStreams(streams, record.ts_ms)
-            return wake_idle(state, sorted(ids), view, record.ts_ms, before.path, {})
-        if isinstance(record, StreamCreated):
-            if record.bucket != DEFAULT_BUCKET or is_reserved(record.path):
-                return []
-            return on_created(state, record.path, StateStreams(streams, record.ts_ms), record.ts_ms)
-        if isinstance(record, (StreamDeleted, StreamExpired)):
-            if before is None or before.bucket != DEFAULT_BUCKET or before.path not in state.by_path:
-                return []
-            return [StreamGone(before.path, record.ts_ms)]
-        if isinstance(record, RetentionAdvanced):
-            paths = set()
-            for uid, _ in record.advances:
-                s = streams.streams.get(uid)
-                if s is not None and s.bucket == DEFAULT_BUCKET and s.path in state.by_path:
-                    paths.add(s.path)
-            return skips_on(state, paths, StateStreams(streams, record.ts_ms), record.ts_ms)
+        return follow(state, record, before, streams)
     except Exception:
         log.exception("subscriptions: handling %s failed", type(record).__name__)
     return []
+
+
+def _appended(
+    state: SubscriptionState, record: Appended, before: Stream | None, streams: StreamState
+) -> list[SubscriptionRecord]:
+    if not record.data or before is None or before.bucket != DEFAULT_BUCKET:
+        return []
+    ids = state.by_path.get(before.path)
+    if not ids:
+        return []
+    view = StateStreams(streams, record.ts_ms)
+    return wake_idle(state, sorted(ids), view, record.ts_ms, before.path, {})
+
+
+def _created(
+    state: SubscriptionState, record: StreamCreated, _: Stream | None, streams: StreamState
+) -> list[SubscriptionRecord]:
+    if record.bucket != DEFAULT_BUCKET or is_reserved(record.path):
+        return []
+    return on_created(state, record.path, StateStreams(streams, record.ts_ms), record.ts_ms)
+
+
+def _gone(
+    state: SubscriptionState, record: StreamDeleted | StreamExpired, before: Stream | None, _: StreamState
+) -> list[SubscriptionRecord]:
+    if before is None or before.bucket != DEFAULT_BUCKET or before.path not in state.by_path:
+        return []
+    return [StreamGone(before.path, record.ts_ms)]
+
+
+def _retained(
+    state: SubscriptionState, record: RetentionAdvanced, _: Stream | None, streams: StreamState
+) -> list[SubscriptionRecord]:
+    paths = set()
+    for uid, _offset in record.advances:
+        s = streams.streams.get(uid)
+        if s is not None and s.bucket == DEFAULT_BUCKET and s.path in state.by_path:
+            paths.add(s.path)
+    return skips_on(state, paths, StateStreams(streams, record.ts_ms), record.ts_ms)
+
+
+# The stream records subscriptions follow, and how.
+_FOLLOW: dict[
+    type, Callable[[SubscriptionState, Any, Stream | None, StreamState], list[SubscriptionRecord]]
+] = {
+    Appended: _appended,
+    StreamCreated: _created,
+    StreamDeleted: _gone,
+    StreamExpired: _gone,
+    RetentionAdvanced: _retained,
+}
 
 
 def on_remote_stream(
