@@ -1220,6 +1220,7 @@ class Model:
     def kill(self, s: MStream) -> None:
         if s.forks > 0:
             s.soft_deleted = True
+            s.producers.clear()  # nobody appends to it again: its producers' state goes (lifecycle.apply_gone)
             return
         while True:
             del self.objs[s.uid]
