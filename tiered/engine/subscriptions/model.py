@@ -61,7 +61,7 @@ class Wake(msgspec.Struct, array_like=True):
     delivered: bool = False
 
 
-class Subscription(msgspec.Struct, array_like=True, dict=True):
+class Subscription(msgspec.Struct, array_like=True, dict=True):  # dict: where ``matcher`` is cached
     id: str
     incarnation: int
     type: str
