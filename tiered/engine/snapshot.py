@@ -123,7 +123,7 @@ def _rebuild_derived(s: Stream) -> None:
     if s.producers:
         for pid, p in s.producers.items():
             if p.last_ms == NOT_RECORDED_MS:  # an (epoch, seq) pair: last seen at the stream's last access
-                s.producers[pid] = p._replace(last_ms=s.last_access_ms)
+                s.producers[pid] = msgspec.structs.replace(p, last_ms=s.last_access_ms)
         s.producer_bytes = total_bytes(s.producers)
     else:
         s.producer_bytes = 0

@@ -4,8 +4,8 @@ Plain data, no rules (the rules live in ``lifecycle``, ``appends``, ``cold_refs`
 ``release`` and ``reads``; ``state.StreamState`` holds it all together). No
 I/O, no clock, no HTTP: data locations are opaque ``(segment, position)``.
 
-The state's own types are msgspec-encodable (array-like Structs and
-NamedTuples; ``HotChunks`` through ``CHUNKS_ENC_HOOK``/``CHUNKS_DEC_HOOK``), so
+The state's own types are msgspec-encodable (array-like Structs and a
+NamedTuple; ``HotChunks`` through ``encode_hook`` and ``decode_hook``), so
 they are their snapshot form too (``tiered.engine.snapshot``): a field added
 to one of them is in snapshots with no other edit. A field added later goes
 last, with a default (older snapshots decode without it); fields that are
@@ -29,7 +29,7 @@ from tiered.core.content import is_json
 NOT_RECORDED_MS = -1
 
 
-class ProducerState(NamedTuple):
+class ProducerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One idempotent producer's state on a stream (replaced, never changed in place)."""
 
     epoch: int
