@@ -30,7 +30,7 @@ from tiered.cluster.membership.shards import shard_of
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET, format_offset
 from tiered.engine.codec import decode_record, encode_record
-from tiered.engine.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.engine.snapshot import decode_snapshot, encode_snapshot
 from tiered.engine.streams.model import CreateRequest, ForkCopy, ForkRequest
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import LogPosition

@@ -39,10 +39,12 @@ from hypothesis import strategies as st
 from tests.support.gc_support import Harness, VirtualClock, make_config
 from tests.support.state_fingerprint import fingerprint
 from tiered.core.errors import TieredError
+from tiered.engine.codec import RECORDS
 from tiered.engine.groups.state import CommitRequest, GroupSpec
 from tiered.engine.journal.journal import Journal
-from tiered.engine.journal.snapshot import SnapshotStore, decode_snapshot, encode_snapshot
+from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.node import new_state, producer_limits
+from tiered.engine.snapshot import SNAPSHOTS, decode_snapshot, encode_snapshot
 from tiered.engine.subscriptions.config import parse_config
 from tiered.hot.log import SegmentLog
 
@@ -201,8 +203,8 @@ async def apply_op(h: Harness, o: tuple[Any, ...]) -> None:
 
 def recovered(config: Any, *, from_genesis: bool) -> Any:
     data = config.data_path
-    snapshots = SnapshotStore(data / ("no-snapshots" if from_genesis else "snapshots"))
-    journal = Journal(SegmentLog(data / "hot", segment_bytes=config.segment_bytes), snapshots)
+    snapshots = SnapshotStore(data / ("no-snapshots" if from_genesis else "snapshots"), SNAPSHOTS)
+    journal = Journal(SegmentLog(data / "hot", segment_bytes=config.segment_bytes), snapshots, RECORDS)
     limits = producer_limits(config)
     try:
         return journal.recover(read_only=True, new_state=lambda: new_state(limits))

@@ -26,9 +26,11 @@ from typing import TextIO
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.cold.parquet.chunk import iter_records, rebuild_index
 from tiered.core.config import Config
+from tiered.engine.codec import RECORDS
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.node import new_state, open_store, producer_limits
+from tiered.engine.snapshot import SNAPSHOTS
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
@@ -57,7 +59,7 @@ def open_read_only(config: Config) -> tuple[StreamState, SegmentLog]:
     """The state (snapshot + journal replay) and the hot log, opened without writing anything."""
     data = config.data_path
     log_ = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
-    journal = Journal(log_, SnapshotStore(data / "snapshots"))
+    journal = Journal(log_, SnapshotStore(data / "snapshots", SNAPSHOTS), RECORDS)
     limits = producer_limits(config)
     return journal.recover(read_only=True, new_state=lambda: new_state(limits)), log_
 

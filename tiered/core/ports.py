@@ -2,7 +2,8 @@
 
 ``tiered.cold`` (the flusher) and ``tiered.gc`` (the GC tasks) are handed
 these by the node; they never import the streams service, so there is no
-import cycle and each can be tested with fakes.
+import cycle and each can be tested with fakes. Likewise the stream reader
+reports to a ``StoreHealth`` without importing the job that probes the store.
 """
 
 from __future__ import annotations
@@ -27,6 +28,18 @@ class HotReader(Protocol):
 class SegmentReaper(Protocol):
     async def delete_unreferenced(self) -> int:
         """Delete sealed hot segments nothing reads and replay does not need; returns how many."""
+        ...
+
+
+class StoreHealth(Protocol):
+    """Where the shells that call the object store report whether it answered (``tiered.engine.jobs.health``)."""
+
+    def ok(self) -> None:
+        """A call was answered."""
+        ...
+
+    def failed(self, error: str, *, stalled: bool = False) -> None:
+        """A call failed; ``stalled``: it got no answer before its deadline."""
         ...
 
 

@@ -30,6 +30,7 @@ from tiered.engine.auth.jwt import JwksFile, JwtVerifier
 from tiered.engine.auth.live import LiveLeases
 from tiered.engine.auth.service import AuthService
 from tiered.engine.auth.state import AuthState
+from tiered.engine.codec import RECORDS
 from tiered.engine.engine_metrics import Metrics
 from tiered.engine.groups.service import GroupService, RetentionFollower
 from tiered.engine.groups.state import GroupsState
@@ -39,6 +40,7 @@ from tiered.engine.journal.committer import Committer
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.segments import SegmentReaper
 from tiered.engine.journal.snapshot import SnapshotStore
+from tiered.engine.snapshot import SNAPSHOTS
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.reader import StreamReader
 from tiered.engine.streams.service import StreamService
@@ -115,7 +117,8 @@ class Node:
         self.log = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
         self.journal = Journal(
             self.log,
-            SnapshotStore(data / "snapshots"),
+            SnapshotStore(data / "snapshots", SNAPSHOTS),
+            RECORDS,
             fsync=config.fsync,
             fsync_interval_ms=config.fsync_interval_ms,
             sync_seconds=self.metrics.fsync_seconds,

@@ -52,7 +52,7 @@ from tiered.engine.groups.state import (
     assign,
     live_stream,
 )
-from tiered.engine.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.engine.snapshot import decode_snapshot, encode_snapshot
 from tiered.engine.streams.model import AppendRequest, CreateRequest
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import LogPosition

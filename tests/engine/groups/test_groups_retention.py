@@ -25,7 +25,7 @@ from tiered.engine.codec import decode_record, encode_record
 from tiered.engine.groups import views
 from tiered.engine.groups.records import GroupCursorsSkipped, GroupPlanned, SkippedRange
 from tiered.engine.groups.state import CommitRequest, GroupSpec, GroupsState
-from tiered.engine.journal.snapshot import decode_snapshot, encode_snapshot
+from tiered.engine.snapshot import decode_snapshot, encode_snapshot
 from tiered.engine.streams.model import AppendRequest, CreateRequest
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import LogPosition

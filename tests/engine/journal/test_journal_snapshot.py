@@ -19,15 +19,10 @@ import pytest
 
 from tests.support.state_fingerprint import fingerprint
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.codec import Record, encode_record
-from tiered.engine.journal.journal import Journal, JournalFailed, data_location
-from tiered.engine.journal.snapshot import (
-    SNAPSHOT_VERSION,
-    SnapshotError,
-    SnapshotStore,
-    decode_snapshot,
-    encode_snapshot,
-)
+from tiered.engine.codec import RECORDS, Record, data_location, encode_record
+from tiered.engine.journal.journal import Journal, JournalFailed
+from tiered.engine.journal.snapshot import SnapshotError, SnapshotStore
+from tiered.engine.snapshot import SNAPSHOT_VERSION, SNAPSHOTS, decode_snapshot, encode_snapshot
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest
 from tiered.engine.streams.records import Appended, StreamCreated, StreamDeleted
 from tiered.engine.streams.state import StreamState
@@ -42,7 +37,10 @@ B = "default"
 def make_journal(root: Path, **kw: Any) -> Journal:
     segment_bytes = kw.pop("segment_bytes", 1 << 20)
     return Journal(
-        SegmentLog(root / "hot", segment_bytes=segment_bytes), SnapshotStore(root / "snapshots"), **kw
+        SegmentLog(root / "hot", segment_bytes=segment_bytes),
+        SnapshotStore(root / "snapshots", SNAPSHOTS),
+        RECORDS,
+        **kw,
     )
 
 
@@ -343,7 +341,7 @@ def test_snapshot_then_more_appends_then_recover(tmp_path: Path) -> None:
     run(main())
     files = snapshot_files(tmp_path)
     assert len(files) == 1
-    assert SnapshotStore(tmp_path / "snapshots").floor_position() == final["pos"]
+    assert SnapshotStore(tmp_path / "snapshots", SNAPSHOTS).floor_position() == final["pos"]
     j2 = make_journal(tmp_path)
     recovered = j2.recover()
     assert fingerprint(recovered) == final["fp"]
@@ -556,10 +554,14 @@ def test_incarnations_and_path_history_round_trip_through_a_snapshot() -> None:
     assert fingerprint(restored) == fingerprint(state)
 
 
+#: A stream's fields in a version-3 snapshot: ``uid`` to ``last_access_ms`` (version 4 added ``incarnation``).
+V3_STREAM_FIELDS = 27
+
+
 def _as_version_3(data: bytes) -> bytes:
     """A snapshot as a version-3 server wrote it: no incarnations, no path history."""
     body = msgspec.msgpack.decode(data[12:])
-    body[4] = [stream[:-1] for stream in body[4]]  # StreamSnap without ``incarnation``
+    body[4] = [stream[:V3_STREAM_FIELDS] for stream in body[4]]  # StreamSnap without ``incarnation``
     del body[-1]  # StateSnap without ``path_history``
     raw = msgspec.msgpack.encode(body)
     return data[:4] + (3).to_bytes(4, "little") + crc32c(raw).to_bytes(4, "little") + raw
@@ -627,7 +629,7 @@ def test_decode_snapshot_rejects_damage(mangle: Callable[[bytes], bytes]) -> Non
 
 
 def test_snapshot_store_keeps_the_newest_two(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path / "snaps", keep=2)
+    store = SnapshotStore(tmp_path / "snaps", SNAPSHOTS, keep=2)
     assert store.load_latest() is None
     assert store.floor_position() is None
     state = _state_with_data()
@@ -651,7 +653,7 @@ def test_snapshot_store_keeps_the_newest_two(tmp_path: Path) -> None:
 
 def test_snapshot_store_on_an_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "snaps").mkdir()
-    store = SnapshotStore(tmp_path / "snaps")
+    store = SnapshotStore(tmp_path / "snaps", SNAPSHOTS)
     assert store.load_latest() is None
     os.rmdir(tmp_path / "snaps")
     assert store.load_latest() is None

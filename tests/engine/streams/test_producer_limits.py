@@ -328,7 +328,7 @@ ops = st.lists(
 def test_plan_charges_exactly_what_apply_changes_and_replay_rebuilds_it(
     history: list[tuple[str | None, int, int]], cap: int
 ) -> None:
-    from tiered.engine.journal.snapshot import decode_snapshot, encode_snapshot
+    from tiered.engine.snapshot import decode_snapshot, encode_snapshot
     from tiered.engine.streams import producers
     from tiered.engine.streams.appends import producer_change
     from tiered.hot.log import LogPosition
@@ -369,9 +369,8 @@ def test_plan_charges_exactly_what_apply_changes_and_replay_rebuilds_it(
 
 def test_snapshots_written_before_producer_expiry_still_load() -> None:
     """Their producers were (epoch, seq) pairs: they count as last seen at the stream's last access."""
-    import msgspec
-
-    from tiered.engine.journal import snapshot as snap
+    from tiered.engine import snapshot as snap
+    from tiered.engine.journal.snapshot import HEADER, MAGIC
     from tiered.hot.log import LogPosition
     from tiered.hot.segment import crc32c
 
@@ -379,11 +378,11 @@ def test_snapshots_written_before_producer_expiry_still_load() -> None:
     m.append(7, "a", epoch=2)
     m.append(9, None)
     data = snap.encode_snapshot(m.state, LogPosition(1, 0))
-    body = msgspec.msgpack.decode(data[snap._HEADER.size :], type=snap.StateSnap)
+    body = snap.decode_body(data[HEADER.size :])
     for n in body.streams:
-        n.producers = {k: v[:2] for k, v in n.producers.items()}
-    old_body = msgspec.msgpack.encode(body)
-    old = snap._HEADER.pack(snap._MAGIC, snap.SNAPSHOT_VERSION, crc32c(old_body)) + old_body
+        n.producers = {k: (v.epoch, v.last_seq) for k, v in n.producers.items()}  # pairs, as they were
+    old_body = snap.encode_body(body)
+    old = HEADER.pack(MAGIC, snap.SNAPSHOT_VERSION, crc32c(old_body)) + old_body
     restored, _ = snap.decode_snapshot(old)
     s = restored.streams[m.s.uid]
     assert (s.producers["a"].epoch, s.producers["a"].last_seq, s.producers["a"].last_ms) == (2, 0, 9)

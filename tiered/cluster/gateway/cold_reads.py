@@ -35,11 +35,10 @@ from tiered.api.kit.types import Request, Response
 from tiered.api.routes.streams import chunk_response, read_chunk
 from tiered.cluster.gateway.catchup import CacheKey, LocatorCache, catchup_offset, credential_key, start_of
 from tiered.cluster.membership.secret import SIGNATURE_HEADER
-from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
-from tiered.cold.parquet.chunk_index import ColdDataDamaged
+from tiered.cold.objects.store import ObjectNotFound, ObjectStore
 from tiered.cold.parquet.reader import ColdReader
 from tiered.core.clock import Clock
-from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.streams.cold_read import read_cold
 from tiered.engine.streams.locators import (
     LOCATOR_HEADER,
     LOCATOR_MEDIA_TYPE,
@@ -48,6 +47,7 @@ from tiered.engine.streams.locators import (
     decode_locator,
     servable_end,
 )
+from tiered.engine.streams.model import ColdSlice
 
 __all__ = ["SERVED_BY", "CatchupReads", "shard_object_key"]
 
@@ -221,40 +221,21 @@ class CatchupReads:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _read_piece(self, shard: int, piece: ColdPiece, start: int, end: int) -> bytes:
-        key, bucket, path = piece.key, piece.bucket, piece.path
-        timeout = self.read_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.reader.read(
-                    shard_object_key(shard, key), piece.index, bucket, path, start, end
-                )
-        except TimeoutError:
-            raise TieredError(
-                ErrorCode.STORE_UNAVAILABLE,
-                f"the object store did not answer within {timeout:g}s; retry shortly",
-            ) from None
-        except ColdDataDamaged as exc:
+        def counted() -> None:
             self.counters["integrity_errors"] += 1
-            log.error(
-                "integrity: cold read of %s/%s [%d, %d) for a peer's stream: %s",
-                bucket,
-                path,
-                start,
-                end,
-                exc,
-            )
-            # The owner's words for the same damage (the same key, relative to the shard).
-            raise TieredError(
-                ErrorCode.DATA_DAMAGED,
-                f"stored data of this stream is damaged (cold object {key}); it will not be served",
-            ) from None
-        except ObjectNotFound:
-            raise
-        except ObjectStoreError as exc:
-            log.warning("cold read of %s failed: %s", key, exc)
-            raise TieredError(
-                ErrorCode.STORE_UNAVAILABLE, "the object store is unavailable; retry shortly"
-            ) from None
+
+        # The owner's handling and words (the key relative to the shard); a missing object goes back
+        # to ``serve``, which forwards the read.
+        return await read_cold(
+            lambda: self.reader.read(
+                shard_object_key(shard, piece.key), piece.index, piece.bucket, piece.path, start, end
+            ),
+            ColdSlice(piece.key, piece.bucket, piece.path, start, end),
+            timeout_s=self.read_timeout_s,
+            on_damaged=counted,
+            missing_is_damage=False,
+            whose=" for a peer's stream",
+        )
 
 
 def _is_locator(answer: Response) -> bool:

@@ -26,8 +26,9 @@ from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.engine.groups import views
+from tiered.engine.groups.model import CommitRequest, GroupSpec, Rejected, ReleaseRequest
 from tiered.engine.groups.records import GroupCursorsSkipped
-from tiered.engine.groups.state import CommitRequest, GroupSpec, GroupsState, Rejected, ReleaseRequest
+from tiered.engine.groups.state import GroupsState
 from tiered.engine.journal.committer import Committer
 from tiered.engine.streams.records import RetentionAdvanced
 from tiered.engine.streams.state import StreamState

@@ -1,4 +1,13 @@
-"""The groups state's snapshot form (msgpack), kept apart from the rules."""
+"""The groups state's snapshot form (msgpack): its own types, as they are.
+
+Version 2 holds the ``GroupsState``: the next incarnation, the retired
+incarnations and the groups, each the model's Struct (``model``: spec,
+members, targets, cursors and skipped ranges included). Member liveness is
+in snapshots (it is granted anew after a restart anyway); ``soft=False``
+leaves it out, for a digest that is equal after a replay. Version 1 (servers
+up to e092d99) flattened the spec and listed the maps as arrays; it is still
+read.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +15,56 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from tiered.engine.groups.model import Group, GroupSpec, Member, Target
 from tiered.engine.groups.records import PlanTarget
 
 if TYPE_CHECKING:
     from tiered.engine.groups.state import GroupsState
 
-
-class _MemberSnap(msgspec.Struct, array_like=True):
-    member: str
-    join_id: str
-    generation: int
-    joined_ms: int
-    last_seen_ms: int
+SNAPSHOT_VERSION = 2
 
 
-class _GroupSnap(msgspec.Struct, array_like=True):
+class GroupsSnap(msgspec.Struct, array_like=True):
+    version: int
+    next_incarnation: int
+    retired: dict[str, int]
+    groups: list[Group]
+
+
+class _Version(msgspec.Struct, array_like=True):
+    version: int
+
+
+def encode_groups(state: GroupsState, *, soft: bool) -> bytes:
+    """The snapshot; ``soft=False`` leaves out member liveness (equal after a replay)."""
+    groups = list(state.groups.values())
+    if not soft:
+        groups = [
+            msgspec.structs.replace(
+                g, members={k: msgspec.structs.replace(m, last_seen_ms=0) for k, m in g.members.items()}
+            )
+            for g in groups
+        ]
+    return msgspec.msgpack.encode(GroupsSnap(SNAPSHOT_VERSION, state.next_incarnation, state.retired, groups))
+
+
+def decode_groups(state: GroupsState, data: bytes) -> None:
+    version = msgspec.msgpack.decode(data, type=_Version).version
+    if version == SNAPSHOT_VERSION:
+        snap = msgspec.msgpack.decode(data, type=GroupsSnap)
+    elif version == 1:
+        snap = _from_version_1(msgspec.msgpack.decode(data, type=_GroupsV1))
+    else:
+        raise ValueError(f"groups snapshot version {version} is not one of 1, {SNAPSHOT_VERSION}")
+    state.next_incarnation = snap.next_incarnation
+    state.retired = snap.retired
+    state.groups = {g.name: g for g in snap.groups}
+
+
+# ------------------------------------------------------------------ version 1 (read only)
+
+
+class _GroupV1(msgspec.Struct, array_like=True):
     name: str
     incarnation: int
     bucket: str
@@ -32,86 +76,43 @@ class _GroupSnap(msgspec.Struct, array_like=True):
     created_ms: int
     revision: int
     explicit: tuple[str, ...]
-    members: list[_MemberSnap]
+    members: list[Member]
     targets: list[PlanTarget]
     cursors: list[tuple[int, int]]
     retired_joins: list[str]
     recent_ops: list[tuple[str, int]]
     generation_seq: int
-    # (stream uid, start, end) of cursors retention moved that no commit moved since.
-    # Trailing with a default: snapshots written before it decode without it.
     skipped: list[tuple[int, int, int]] = []
 
 
-class _GroupsSnap(msgspec.Struct, array_like=True):
+class _GroupsV1(msgspec.Struct, array_like=True):
     version: int
     next_incarnation: int
     retired: dict[str, int]
-    groups: list[_GroupSnap]
+    groups: list[_GroupV1]
 
 
-def _snap(self: GroupsState, soft: bool) -> _GroupsSnap:
+def _from_version_1(old: _GroupsV1) -> GroupsSnap:
     groups = []
-    for name, g in sorted(self.groups.items()):
-        s = g.spec
-        groups.append(
-            _GroupSnap(
-                name=name,
-                incarnation=g.incarnation,
-                bucket=s.bucket,
-                pattern=s.pattern,
-                spec_streams=s.streams,
-                session_timeout_ms=s.session_timeout_ms,
-                max_members=s.max_members,
-                max_streams=s.max_streams,
-                created_ms=g.created_ms,
-                revision=g.revision,
-                explicit=g.explicit,
-                members=[
-                    _MemberSnap(m.member, m.join_id, m.generation, m.joined_ms, m.last_seen_ms if soft else 0)
-                    for _, m in sorted(g.members.items())
-                ],
-                targets=list(g.plan_targets()),
-                cursors=sorted(g.cursors.items()),
-                retired_joins=list(g.retired_joins),
-                recent_ops=list(g.recent_ops.items()),
-                generation_seq=g.generation_seq,
-                skipped=[(uid, start, end) for uid, (start, end) in sorted(g.skipped.items())],
-            )
-        )
-    return _GroupsSnap(1, self.next_incarnation, dict(sorted(self.retired.items())), groups)
-
-
-def encode_groups(groups: GroupsState, *, soft: bool) -> bytes:
-    """The snapshot; ``soft=False`` leaves out member liveness (equal after a replay)."""
-    return msgspec.msgpack.encode(_snap(groups, soft))
-
-
-def decode_groups(self: GroupsState, data: bytes) -> None:
-    from tiered.engine.groups.state import (  # the state module imports this one
-        Group,
-        GroupSpec,
-        Member,
-        Target,
-    )
-
-    snap = msgspec.msgpack.decode(data, type=_GroupsSnap)
-    self.next_incarnation = snap.next_incarnation
-    self.retired = dict(snap.retired)
-    self.groups = {}
-    for n in snap.groups:
+    for n in old.groups:
         spec = GroupSpec(
             n.bucket, n.pattern, n.spec_streams, n.session_timeout_ms, n.max_members, n.max_streams
         )
-        g = Group(n.name, n.incarnation, spec, n.created_ms, revision=n.revision, explicit=n.explicit)
-        g.members = {
-            m.member: Member(m.member, m.join_id, m.generation, m.joined_ms, m.last_seen_ms)
-            for m in n.members
-        }
-        g.targets = {t.stream_uid: Target.of(t) for t in n.targets}
-        g.cursors = dict(n.cursors)
-        g.retired_joins = list(n.retired_joins)
-        g.recent_ops = dict(n.recent_ops)
-        g.generation_seq = n.generation_seq
-        g.skipped = {uid: (start, end) for uid, start, end in n.skipped}
-        self.groups[n.name] = g
+        groups.append(
+            Group(
+                n.name,
+                n.incarnation,
+                spec,
+                n.created_ms,
+                revision=n.revision,
+                explicit=n.explicit,
+                members={m.member: m for m in n.members},
+                targets={t.stream_uid: Target.of(t) for t in n.targets},
+                cursors=dict(n.cursors),
+                skipped={uid: (start, end) for uid, start, end in n.skipped},
+                retired_joins=n.retired_joins,
+                recent_ops=dict(n.recent_ops),
+                generation_seq=n.generation_seq,
+            )
+        )
+    return GroupsSnap(SNAPSHOT_VERSION, old.next_incarnation, old.retired, groups)

@@ -7,7 +7,8 @@ from typing import Any
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
-from tiered.engine.groups.state import Group, GroupsState, live_stream
+from tiered.engine.groups.model import Group, live_stream
+from tiered.engine.groups.state import GroupsState
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.state import StreamState
 

@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.journal.journal import Journal, JournalFailed
-from tiered.engine.streams.state import StreamState
+from tiered.engine.journal.journal import Applier, Journal, JournalFailed
 
 RETRY_AFTER_JOURNAL_S = 5
 
@@ -43,7 +42,7 @@ def journal_failed(detail: str) -> TieredError:
 
 
 class Committer:
-    def __init__(self, journal: Journal, state: StreamState, *, snapshot_every_bytes: int) -> None:
+    def __init__(self, journal: Journal[Any], state: Applier, *, snapshot_every_bytes: int) -> None:
         self.journal = journal
         self.state = state
         self.snapshot_every_bytes = snapshot_every_bytes

@@ -1,5 +1,10 @@
 """The metadata journal: records in the hot segment log, with group commit.
 
+The journal knows no feature: it frames whatever a ``RecordCodec`` encodes
+and replays it into whatever ``Applier`` recovery builds (the engine composes
+both: ``tiered.engine.codec`` for its features' records,
+``tiered.engine.snapshot`` for the state and its snapshots).
+
 ``append`` frames a record into the pending batch and returns at once with a
 future for the batch's durability; one background task writes and syncs
 batches on a worker thread. Every request that arrives while a sync is in
@@ -20,14 +25,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
-from tiered.engine.codec import Record, decode_record, encode_record
-from tiered.engine.journal.snapshot import SnapshotStore, encode_snapshot
-from tiered.engine.streams.records import Appended, StreamCreated
-from tiered.engine.streams.state import StreamState
+from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.hot.log import LogPosition, SegmentLog, WriteBatch
 from tiered.hot.segment import FRAME, FRAME_SIZE, is_marker
 
@@ -39,18 +42,45 @@ log = logging.getLogger(__name__)
 INLINE_WRITE_BYTES = 256 * 1024
 
 
+#: Where a record's payload bytes sit in the log: (segment, position).
+Location = tuple[int, int]
+
+
+class RecordCodec(Protocol):
+    """How records become frame bodies and back."""
+
+    def encode(self, record: Any) -> bytes: ...
+
+    def decode(self, body: bytes) -> Any:
+        """The record of a body (``msgspec.DecodeError`` / ``ValidationError`` when it is none)."""
+        ...
+
+    def payload(self, record: Any) -> bytes | None:
+        """The data bytes a record's body ends with, which readers then read in place (None: none)."""
+        ...
+
+
+class Applier(Protocol):
+    """The state machine the journal's records move forward."""
+
+    def apply(self, record: Any, location: Location | None = None) -> None: ...
+
+
+S = TypeVar("S", bound=Applier)
+
+
 class JournalFailed(Exception):
     """The disk refused a write or sync; the journal accepts nothing more."""
 
 
-def data_location(record: Record, body_pos: LogPosition, body_len: int) -> tuple[int, int] | None:
+def payload_location(payload: bytes | None, body_pos: LogPosition, body_len: int) -> Location | None:
     """Where a record's payload bytes sit in the log (they end the body)."""
-    if isinstance(record, (Appended, StreamCreated)) and record.data:
-        return body_pos.segment, body_pos.offset + body_len - len(record.data)
+    if payload:
+        return body_pos.segment, body_pos.offset + body_len - len(payload)
     return None
 
 
-def describe_cut(data: bytes) -> str:
+def describe_cut(data: bytes, records: RecordCodec) -> str:
     """What a cut tail held, as far as its frames can be read (for the operator's log).
 
     A torn write usually leaves an incomplete frame; a whole frame whose
@@ -67,7 +97,7 @@ def describe_cut(data: bytes) -> str:
             break
         if not is_marker(body):
             try:
-                record = decode_record(body)
+                record = records.decode(body)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 described.append(f"an undecodable {length}-byte record")
             else:
@@ -75,18 +105,20 @@ def describe_cut(data: bytes) -> str:
                 for name in ("uid", "offset"):
                     if hasattr(record, name):
                         fields.append(f"{name}={getattr(record, name)}")
-                if getattr(record, "data", None):
-                    fields.append(f"{len(record.data)} data bytes")  # type: ignore[union-attr]
+                payload = records.payload(record)
+                if payload:
+                    fields.append(f"{len(payload)} data bytes")
                 described.append("a whole record with a bad checksum: " + " ".join(fields))
         pos += FRAME_SIZE + length
     return ("; held " + ", ".join(described)) if described else ""
 
 
-class Journal:
+class Journal(Generic[S]):
     def __init__(
         self,
         log_: SegmentLog,
-        snapshots: SnapshotStore,
+        snapshots: SnapshotStore[S],
+        records: RecordCodec,
         *,
         fsync: str = "always",
         fsync_interval_ms: int = 100,
@@ -98,6 +130,7 @@ class Journal:
             raise ValueError("fsync must be 'always' or 'interval'")
         self.log = log_
         self.snapshots = snapshots
+        self.records = records
         self.fsync_always = fsync == "always"
         self.fsync_interval_ms = fsync_interval_ms
         self.max_pending_bytes = max_pending_bytes
@@ -117,19 +150,20 @@ class Journal:
 
     # ---------------------------------------------------------------- start
 
-    def recover(
-        self, *, read_only: bool = False, new_state: Callable[[], StreamState] = StreamState
-    ) -> StreamState:
+    def recover(self, *, read_only: bool = False, new_state: Callable[[], S] | None = None) -> S:
         """Load the newest snapshot and replay the log after it.
 
-        ``new_state`` builds an empty state with its extensions registered.
+        ``new_state`` builds an empty state with its extensions registered
+        (by default, the snapshot codec's).
         """
+        new_state = new_state or self.snapshots.codec.new_state
         loaded = self.snapshots.load_latest(new_state)
         state, start = loaded if loaded is not None else (new_state(), None)
         count = 0
+        records = self.records
         for body_pos, body in self.log.open(start, read_only=read_only):
-            record = decode_record(body)
-            state.apply(record, data_location(record, body_pos, len(body)))
+            record = records.decode(body)
+            state.apply(record, payload_location(records.payload(record), body_pos, len(body)))
             count += 1
             self.bytes_since_snapshot += len(body)
         for cut in self.log.cut_tails:
@@ -140,7 +174,7 @@ class Journal:
                 cut.position,
                 len(cut.data),
                 cut.reason,
-                describe_cut(cut.data),
+                describe_cut(cut.data, records),
             )
         for seg, damage in self.log.damage().items():
             for d in damage:
@@ -167,8 +201,8 @@ class Journal:
     # --------------------------------------------------------------- append
 
     def append(
-        self, record: Record, on_durable: Callable[[], None] | None = None
-    ) -> tuple[asyncio.Future[None], tuple[int, int] | None]:
+        self, record: Any, on_durable: Callable[[], None] | None = None
+    ) -> tuple[asyncio.Future[None], Location | None]:
         """Queue a record; returns (durability future, payload location).
 
         ``on_durable`` runs on the loop, in log order, once the record is
@@ -178,14 +212,14 @@ class Journal:
             raise JournalFailed(str(self.failed))
         if self.read_only:
             raise JournalFailed("the journal was opened read-only")
-        body = encode_record(record)
+        body = self.records.encode(record)
         pos = self.log.append(body)
         self.bytes_since_snapshot += len(body)
         if on_durable is not None:
             self._callbacks.append(on_durable)
         self._wakeup.set()
         assert self._batch_future is not None
-        return self._batch_future, data_location(record, pos, len(body))
+        return self._batch_future, payload_location(self.records.payload(record), pos, len(body))
 
     @property
     def backlogged(self) -> bool:
@@ -259,10 +293,10 @@ class Journal:
 
     # ------------------------------------------------------------ snapshots
 
-    async def snapshot(self, state: StreamState) -> None:
+    async def snapshot(self, state: S) -> None:
         """Write a snapshot of ``state`` once the log under it is durable."""
         position = self.log.end
-        data = encode_snapshot(state, position)  # on the loop: a consistent cut
+        data = self.snapshots.codec.encode(state, position)  # on the loop: a consistent cut
         self.bytes_since_snapshot = 0
         await self.flushed()
         loop = asyncio.get_running_loop()
@@ -274,7 +308,7 @@ class Journal:
 
     # ---------------------------------------------------------------- close
 
-    async def close(self, state: StreamState | None = None) -> None:
+    async def close(self, state: S | None = None) -> None:
         if self.failed is None:
             await self.flushed()
             if state is not None:

@@ -10,19 +10,30 @@ its own records).
 from __future__ import annotations
 
 import logging
+from typing import Generic, Protocol, TypeVar
 
 from tiered.core.clock import Clock
-from tiered.engine.journal.journal import Journal
-from tiered.engine.streams.state import StreamState
+from tiered.engine.journal.journal import Applier, Journal
 
 log = logging.getLogger(__name__)
 
 
-class SegmentReaper:
+class SegmentUser(Applier, Protocol):
+    """A state whose data lives in hot segments (the engine's ``StreamState``)."""
+
+    def referenced_segments(self) -> set[int]:
+        """The hot segments some live data still reads from."""
+        ...
+
+
+U = TypeVar("U", bound=SegmentUser)
+
+
+class SegmentReaper(Generic[U]):
     def __init__(
         self,
-        journal: Journal,
-        state: StreamState,
+        journal: Journal[U],
+        state: U,
         clock: Clock,
         *,
         offline: bool = False,

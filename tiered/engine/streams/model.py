@@ -3,23 +3,38 @@
 Plain data, no rules (the rules live in ``lifecycle``, ``appends``, ``cold_refs``,
 ``release`` and ``reads``; ``state.StreamState`` holds it all together). No
 I/O, no clock, no HTTP: data locations are opaque ``(segment, position)``.
+
+The state's own types are msgspec-encodable (array-like Structs and a
+NamedTuple; ``HotChunks`` through ``encode_hook`` and ``decode_hook``), so
+they are their snapshot form too (``tiered.engine.snapshot``): a field added
+to one of them is in snapshots with no other edit. A field added later goes
+last, with a default (older snapshots decode without it); fields that are
+derived or soft come after the durable ones and are rebuilt on restore.
 """
 
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
+
+import msgspec
 
 from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.content import is_json
 
+#: ``ProducerState.last_ms`` of a producer read from a snapshot written before producer expiry
+#: (its state was an (epoch, seq) pair): a restore makes it the stream's last access.
+NOT_RECORDED_MS = -1
 
-@dataclass(slots=True)
-class ProducerState:
+
+class ProducerState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One idempotent producer's state on a stream (replaced, never changed in place)."""
+
     epoch: int
     last_seq: int
-    last_ms: int = 0  # when its last append was accepted (expiry: ``producers``)
+    last_ms: int = NOT_RECORDED_MS  # when its last append was accepted (expiry: ``producers``)
 
 
 class HotChunks:
@@ -69,9 +84,53 @@ class HotChunks:
     def __len__(self) -> int:
         return len(self.starts)
 
+    def packed(self) -> bytes:
+        """The chunks' msgspec-encodable form: the five arrays' bytes, one after the other."""
+        return b"".join(arr.tobytes() for arr in self.arrays())
 
-@dataclass(frozen=True, slots=True)
-class ColdRef:
+    @classmethod
+    def unpacked(cls, parts: bytes | Sequence[bytes]) -> HotChunks:
+        """Chunks from ``packed()``, or from the five arrays' bytes apart (snapshots before version 5)."""
+        chunks = cls.__new__(cls)
+        if isinstance(parts, bytes):
+            packed = array("q", parts)
+            n, rest = divmod(len(packed), 5)
+            if rest:
+                raise ValueError("hot chunks: the packed arrays are not of one length")
+            chunks.starts, chunks.lens, chunks.segs, chunks.poss, chunks.times = (
+                packed[:n],
+                packed[n : 2 * n],
+                packed[2 * n : 3 * n],
+                packed[3 * n : 4 * n],
+                packed[4 * n :],
+            )
+        else:
+            chunks.starts, chunks.lens, chunks.segs, chunks.poss, chunks.times = (
+                array("q", raw) for raw in parts
+            )
+        return chunks
+
+
+def encode_hook(obj: Any) -> Any:
+    """msgspec's ``enc_hook`` for the state's types: ``HotChunks`` as their packed arrays."""
+    if isinstance(obj, HotChunks):
+        return obj.packed()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def decode_hook(type_: type, obj: Any) -> Any:
+    """msgspec's ``dec_hook`` for the state's types: ``HotChunks`` from their packed arrays."""
+    if type_ is HotChunks:
+        if not isinstance(obj, bytes) and not (isinstance(obj, list) and len(obj) == 5):
+            raise msgspec.ValidationError("expected hot chunks")
+        try:
+            return HotChunks.unpacked(obj)
+        except (TypeError, ValueError) as exc:
+            raise msgspec.ValidationError(str(exc)) from None
+    raise NotImplementedError(f"cannot decode {type_.__name__}")
+
+
+class ColdRef(msgspec.Struct, frozen=True, array_like=True):
     """A stream range served by a cold object."""
 
     start: int
@@ -79,16 +138,16 @@ class ColdRef:
     key: str
 
 
-@dataclass(slots=True)
-class ColdObject:
+class ColdObject(msgspec.Struct, array_like=True):
     key: str
     size: int
     crc32c: int
     created_ms: int
     index: ChunkIndex
-    refs: int = 0  # live stream ranges that read from it
     released_ms: int | None = None  # when refs last reached zero (the grace delay starts)
     deleting: bool = False  # a journaled delete is under way
+    # Derived (rebuilt on restore from the streams' cold references): live stream ranges that read from it.
+    refs: int = 0
 
 
 class PathHistory(NamedTuple):
@@ -103,8 +162,7 @@ class PathHistory(NamedTuple):
     fence: int
 
 
-@dataclass(slots=True)
-class Stream:
+class Stream(msgspec.Struct, array_like=True):
     uid: int
     bucket: str
     path: str
@@ -119,11 +177,10 @@ class Stream:
     tail: int
     closed: bool = False
     closed_by: tuple[str, int, int] | None = None
-    producers: dict[str, ProducerState] = field(default_factory=dict)  # least recently used first
-    producer_bytes: int = 0  # derived: what ``producers`` counts towards the bucket's retained bytes
+    producers: dict[str, ProducerState] = msgspec.field(default_factory=dict)  # least recently used first
     stream_seq: str | None = None
-    chunks: HotChunks = field(default_factory=HotChunks)
-    cold_refs: list[ColdRef] = field(default_factory=list)
+    chunks: HotChunks = msgspec.field(default_factory=HotChunks)
+    cold_refs: list[ColdRef] = msgspec.field(default_factory=list)
     cold_end: int = -1  # own data below this is in cold objects (set to fork_offset at creation)
     forks: int = 0  # live forks that read through this stream
     retained_from: int = 0  # reads below this get 410 Gone
@@ -133,8 +190,11 @@ class Stream:
     keep_end: int | None = None  # data from here on is released (soft-deleted sources only)
     soft_deleted: bool = False
     last_access_ms: int = 0
-    touch_journaled_ms: int = 0
     incarnation: int = 0  # how many streams its path held before it (``PathHistory``)
+    # Durable fields above (new ones go here, with a default); derived and soft ones below,
+    # rebuilt on restore (``tiered.engine.snapshot``).
+    producer_bytes: int = 0  # derived: what ``producers`` counts towards the bucket's retained bytes
+    touch_journaled_ms: int = 0
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)

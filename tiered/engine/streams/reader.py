@@ -3,9 +3,10 @@
 Hot records are checksum-checked once (``SegmentLog``); a segment nobody
 checked since start-up is checked on a worker thread first, never on the
 event loop. Cold reads are bounded by a deadline and check every fetched
-byte against the digests in the object's index. Damage on either tier is
-``DATA_DAMAGED`` (counted and logged with where it is); an object store that
-does not answer is ``STORE_UNAVAILABLE`` (the HTTP layer adds when to retry).
+byte against the digests in the object's index (``cold_read``). Damage on
+either tier is ``DATA_DAMAGED`` (counted and logged with where it is); an
+object store that does not answer is ``STORE_UNAVAILABLE`` (the HTTP layer
+adds when to retry).
 """
 
 from __future__ import annotations
@@ -15,21 +16,16 @@ import logging
 from bisect import bisect_right
 from collections.abc import Callable
 
-from tiered.cold.objects.store import ObjectNotFound, ObjectStoreError
-from tiered.cold.parquet.chunk_index import ColdDataDamaged
 from tiered.cold.parquet.reader import ColdReader
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.jobs.health import StoreHealth
+from tiered.core.ports import StoreHealth
+from tiered.engine.streams.cold_read import damaged, read_cold
 from tiered.engine.streams.model import ColdSlice, Stream
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog, SegmentUnchecked
 from tiered.hot.segment import DamagedRecordError
 
 log = logging.getLogger(__name__)
-
-
-def damaged(message: str) -> TieredError:
-    return TieredError(ErrorCode.DATA_DAMAGED, message)
 
 
 class StreamReader:
@@ -108,38 +104,15 @@ class StreamReader:
             raise TieredError(
                 ErrorCode.COLD_NOT_READY, "cold data is not available right now", retry_after_s=1
             )
-        timeout = self.cold_read_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                data = await self.cold.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end)
-            self.store_health.ok()
-            return data
-        except TimeoutError:
-            self.store_health.failed(
-                f"a cold read of {sl.key} got no answer within {timeout:g}s", stalled=True
-            )
-            raise TieredError(
-                ErrorCode.STORE_UNAVAILABLE,
-                f"the object store did not answer within {timeout:g}s; retry shortly",
-            ) from None
-        except ColdDataDamaged as exc:
+        cold = self.cold
+
+        def counted() -> None:
             self.integrity_errors["cold"] += 1
-            log.error("integrity: cold read of %s/%s [%d, %d): %s", sl.bucket, sl.path, sl.start, sl.end, exc)
-            raise damaged(
-                f"stored data of this stream is damaged (cold object {sl.key}); it will not be served"
-            ) from None
-        except ObjectNotFound:
-            self.integrity_errors["cold"] += 1
-            log.error(
-                "integrity: cold object %s is missing from the store (read of %s/%s)",
-                sl.key,
-                sl.bucket,
-                sl.path,
-            )
-            raise damaged(f"cold object {sl.key} is missing from the object store") from None
-        except ObjectStoreError as exc:
-            log.warning("cold read of %s failed: %s", sl.key, exc)
-            self.store_health.failed(str(exc))
-            raise TieredError(
-                ErrorCode.STORE_UNAVAILABLE, "the object store is unavailable; retry shortly"
-            ) from None
+
+        return await read_cold(
+            lambda: cold.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end),
+            sl,
+            timeout_s=self.cold_read_timeout_s,
+            on_damaged=counted,
+            health=self.store_health,
+        )

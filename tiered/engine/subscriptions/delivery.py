@@ -43,9 +43,10 @@ from tiered.core.ids import DEFAULT_BUCKET
 from tiered.engine.streams.model import AppendRequest
 from tiered.engine.streams.service import StreamService
 from tiered.engine.subscriptions import views
+from tiered.engine.subscriptions.model import Subscription
 from tiered.engine.subscriptions.records import SubscriptionRecord
 from tiered.engine.subscriptions.service import SubscriptionService
-from tiered.engine.subscriptions.state import Subscription, SubscriptionState
+from tiered.engine.subscriptions.state import SubscriptionState
 from tiered.engine.subscriptions.wake_tokens import SigningKey
 from tiered.engine.subscriptions.webhook_policy import guarded_socket_factory
 

@@ -31,7 +31,8 @@ from tiered.engine.streams.visibility import Visibility
 from tiered.engine.subscriptions import views
 from tiered.engine.subscriptions.config import WEBHOOK, SubscriptionConfig, WakeRequest
 from tiered.engine.subscriptions.records import LinksSkipped, SigningKeyAdded, WakeClaimed
-from tiered.engine.subscriptions.state import CombinedStreams, StateStreams, StreamsView, SubscriptionState
+from tiered.engine.subscriptions.state import SubscriptionState
+from tiered.engine.subscriptions.streams_view import CombinedStreams, StateStreams, StreamsView
 from tiered.engine.subscriptions.wake_tokens import TOKEN_TTL_S, SigningKey, TokenClaims, key_id, mint_token
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,12 @@
-"""The subscription state's snapshot form (msgpack), kept apart from the rules."""
+"""The subscription state's snapshot form (msgpack): its own types, as they are.
+
+Version 2 holds the ``SubscriptionState``'s durable data: the next
+incarnation, the signing keys and the subscriptions, each the model's
+Struct (``model``: links and wake included). What a restore rebuilds rather
+than reads: the path index (``by_path``, from the links) and the compiled
+patterns. Version 1 (servers up to e092d99) listed links and wake snapshots
+as arrays; it is still read.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +14,54 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from tiered.core.globs import compile_glob
+from tiered.engine.subscriptions.model import Link, Subscription, Wake
+from tiered.engine.subscriptions.wake_tokens import SigningKey
 
 if TYPE_CHECKING:
     from tiered.engine.subscriptions.state import SubscriptionState
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 
-class _LinkSnap(msgspec.Struct, array_like=True):
-    path: str
-    explicit: bool
-    glob: bool
-    acked: int
-    # [start, end) retention released before it was acked, until an ack reaches end.
-    # Trailing with a default: snapshots written before it decode without it.
-    skipped: tuple[int, int] | None = None
+class SubscriptionsSnap(msgspec.Struct, array_like=True):
+    version: int
+    next_incarnation: int
+    keys: list[SigningKey]
+    subscriptions: list[Subscription]
 
 
-class _WakeSnap(msgspec.Struct, array_like=True):
+class _Version(msgspec.Struct, array_like=True):
+    version: int
+
+
+def encode_state(state: SubscriptionState) -> bytes:
+    return msgspec.msgpack.encode(
+        SubscriptionsSnap(SNAPSHOT_VERSION, state.next_incarnation, state.keys, list(state.subs.values()))
+    )
+
+
+def decode_state(state: SubscriptionState, data: bytes) -> None:
+    """Load a snapshot into an empty ``state``."""
+    version = msgspec.msgpack.decode(data, type=_Version).version
+    if version == SNAPSHOT_VERSION:
+        snap = msgspec.msgpack.decode(data, type=SubscriptionsSnap)
+    elif version == 1:
+        snap = _from_version_1(msgspec.msgpack.decode(data, type=_StateV1))
+    else:
+        raise ValueError(f"subscriptions snapshot version {version} is not one of 1, {SNAPSHOT_VERSION}")
+    state.next_incarnation = snap.next_incarnation
+    state.keys = snap.keys
+    for sub in snap.subscriptions:
+        state.subs[sub.id] = sub
+        for path in sub.links:
+            state.by_path.setdefault(path, set()).add(sub.id)
+        state.dirty.add(sub.id)
+
+
+# ------------------------------------------------------------------ version 1 (read only)
+
+
+class _WakeV1(msgspec.Struct, array_like=True):
     wake_id: str
     generation: int
     issued_ms: int
@@ -35,7 +72,7 @@ class _WakeSnap(msgspec.Struct, array_like=True):
     delivered: bool
 
 
-class _SubSnap(msgspec.Struct, array_like=True):
+class _SubV1(msgspec.Struct, array_like=True):
     id: str
     incarnation: int
     type: str
@@ -48,132 +85,60 @@ class _SubSnap(msgspec.Struct, array_like=True):
     created_ms: int
     config_hash: str
     base_url: str
-    links: list[_LinkSnap]
+    links: list[Link]
     generation: int
-    wake: _WakeSnap | None
+    wake: _WakeV1 | None
     status: str
     attempts: int
     next_attempt_ms: int | None
     last_error: str | None
 
 
-class _KeySnap(msgspec.Struct, array_like=True):
-    kid: str
-    public_key: bytes
-    private_key: bytes
-    token_secret: bytes
-    created_ms: int
-
-
-class _StateSnap(msgspec.Struct, array_like=True):
+class _StateV1(msgspec.Struct, array_like=True):
     version: int
     next_incarnation: int
-    keys: list[_KeySnap]
-    subscriptions: list[_SubSnap]
+    keys: list[SigningKey]
+    subscriptions: list[_SubV1]
 
 
-SNAPSHOT_VERSION = 1
-
-
-def encode_state(state: SubscriptionState) -> bytes:
+def _from_version_1(old: _StateV1) -> SubscriptionsSnap:
     subs = []
-    for s in state.subs.values():
-        w = s.wake
+    for n in old.subscriptions:
+        x = n.wake
         wake = None
-        if w is not None:
-            wake = _WakeSnap(
-                w.wake_id,
-                w.generation,
-                w.issued_ms,
-                w.stream,
-                list(w.snapshot.items()),
-                w.holder,
-                w.lease_expires_ms,
-                w.delivered,
-            )
-        subs.append(
-            _SubSnap(
-                s.id,
-                s.incarnation,
-                s.type,
-                s.pattern,
-                list(s.streams),
-                s.webhook_url,
-                s.wake_stream,
-                s.lease_ttl_ms,
-                s.description,
-                s.created_ms,
-                s.config_hash,
-                s.base_url,
-                [
-                    _LinkSnap(link.path, link.explicit, link.glob, link.acked, link.skipped)
-                    for link in s.links.values()
-                ],
-                s.generation,
-                wake,
-                s.status,
-                s.attempts,
-                s.next_attempt_ms,
-                s.last_error,
-            )
-        )
-    keys = [_KeySnap(k.kid, k.public_key, k.private_key, k.token_secret, k.created_ms) for k in state.keys]
-    return msgspec.msgpack.encode(_StateSnap(SNAPSHOT_VERSION, state.next_incarnation, keys, subs))
-
-
-def decode_state(state: SubscriptionState, data: bytes) -> None:
-    """Load a snapshot into an empty ``state``."""
-    from tiered.engine.subscriptions.state import (  # the state module imports this one
-        Link,
-        Subscription,
-        Wake,
-    )
-    from tiered.engine.subscriptions.wake_tokens import SigningKey
-
-    snap = msgspec.msgpack.decode(data, type=_StateSnap)
-    if snap.version != SNAPSHOT_VERSION:
-        raise ValueError(f"subscriptions snapshot version {snap.version} is not {SNAPSHOT_VERSION}")
-    state.next_incarnation = snap.next_incarnation
-    state.keys = [
-        SigningKey(k.kid, k.public_key, k.private_key, k.token_secret, k.created_ms) for k in snap.keys
-    ]
-    for n in snap.subscriptions:
-        wake = None
-        if n.wake is not None:
-            x = n.wake
+        if x is not None:
+            snapshot = dict(x.snapshot)
             wake = Wake(
                 x.wake_id,
                 x.generation,
                 x.issued_ms,
                 x.stream,
-                dict(x.snapshot),
+                snapshot,
                 x.holder,
                 x.lease_expires_ms,
                 x.delivered,
             )
-        sub = Subscription(
-            id=n.id,
-            incarnation=n.incarnation,
-            type=n.type,
-            pattern=n.pattern,
-            streams=tuple(n.streams),
-            webhook_url=n.webhook_url,
-            wake_stream=n.wake_stream,
-            lease_ttl_ms=n.lease_ttl_ms,
-            description=n.description,
-            created_ms=n.created_ms,
-            config_hash=n.config_hash,
-            base_url=n.base_url,
-            generation=n.generation,
-            wake=wake,
-            status=n.status,
-            attempts=n.attempts,
-            next_attempt_ms=n.next_attempt_ms,
-            last_error=n.last_error,
-            matcher=compile_glob(n.pattern) if n.pattern is not None else None,
+        subs.append(
+            Subscription(
+                n.id,
+                n.incarnation,
+                n.type,
+                n.pattern,
+                tuple(n.streams),
+                n.webhook_url,
+                n.wake_stream,
+                n.lease_ttl_ms,
+                n.description,
+                n.created_ms,
+                n.config_hash,
+                n.base_url,
+                {link.path: link for link in n.links},
+                n.generation,
+                wake,
+                n.status,
+                n.attempts,
+                n.next_attempt_ms,
+                n.last_error,
+            )
         )
-        state.subs[sub.id] = sub
-        for ln in n.links:
-            sub.links[ln.path] = Link(ln.path, ln.explicit, ln.glob, ln.acked, ln.skipped)
-            state.by_path.setdefault(ln.path, set()).add(sub.id)
-        state.dirty.add(sub.id)
+    return SubscriptionsSnap(SNAPSHOT_VERSION, old.next_incarnation, old.keys, subs)

@@ -7,7 +7,9 @@ from typing import Any
 
 from tiered.core.ids import format_offset
 from tiered.engine.subscriptions.config import WEBHOOK
-from tiered.engine.subscriptions.state import Link, StreamsView, Subscription, SubscriptionState
+from tiered.engine.subscriptions.model import Link, Subscription
+from tiered.engine.subscriptions.state import SubscriptionState
+from tiered.engine.subscriptions.streams_view import StreamsView
 
 
 def iso_ms(ts_ms: int) -> str:

@@ -90,8 +90,9 @@ def public_jwk(kid: str, public_key: bytes) -> dict[str, str]:
     return {"kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "alg": "EdDSA", "x": _b64(public_key)}
 
 
-@dataclass(frozen=True, slots=True)
-class SigningKey:
+class SigningKey(msgspec.Struct, frozen=True, array_like=True):
+    """A webhook signing key and the token secret (its own snapshot form too)."""
+
     kid: str
     public_key: bytes
     private_key: bytes
