@@ -123,7 +123,11 @@ class Journal:
         """Load the newest snapshot and replay the log after it.
 
         ``new_state`` builds an empty state with its extensions registered.
+        ``read_only`` (a dry run, ``verify``): damage is left in place and the
+        journal stays read-only, refusing every append.
         """
+        if read_only:
+            self.read_only = True
         loaded = self.snapshots.load_latest(new_state)
         state, start = loaded if loaded is not None else (new_state(), None)
         count = 0
