@@ -40,7 +40,7 @@ from tiered.engine.streams.model import Stream
 from tiered.engine.streams.state import StreamState
 
 if TYPE_CHECKING:
-    from tiered.engine.node import Node
+    from tiered.engine.engine import Engine
 
 __all__ = [
     "MAX_AGE_S",
@@ -183,6 +183,6 @@ class ShardDirectory:
             return rows
 
 
-def engine_listing(engine: Node, bucket: str) -> Listing:
+def engine_listing(engine: Engine, bucket: str) -> Listing:
     """One served engine's live streams of ``bucket``, their tails as readers see them."""
     return listing(engine.state, lambda s: engine.visibility.view(s).tail, bucket, engine.clock.now_ms())
