@@ -9,7 +9,7 @@ and ``tiered.cold`` import nothing of each other (hot is a true leaf); ``tiered_
 Python client shipped beside the server, imports nothing of the server.
 
 For cycles, a *package* is a module's own package, except that each module directly in a
-layer's root (``tiered/engine/node.py``, ``tiered/engine/codec.py``, ``tiered/api/app.py``,
+layer's root (``tiered/engine/engine.py``, ``tiered/engine/codec.py``, ``tiered/api/app.py``,
 ``tiered/cluster/server.py``...) counts as a package of its own.
 
 ``python tests/test_layers.py`` lists every import that breaks the rule, by layer pair, and

@@ -21,7 +21,7 @@ with a retry hint, never a plan on partial knowledge (which would drop the
 cursors of the streams it could not see).
 
 Members read and long-poll their streams through any node, forwarded to
-each stream's owner like any client (``tiered/cluster/gateway/shard_routing.py``).
+each stream's owner like any client (``tiered/cluster/gateway/shard_router.py``).
 The other shards answer through the node route
 ``GET /v1/cluster/shards/{shard}/streams?bucket=B`` (signed by the asking node with the cluster secret: ``tiered/cluster/membership/secret.py``).
 """
