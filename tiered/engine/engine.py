@@ -251,22 +251,37 @@ class Engine:
         its extensions are built first, on this engine's state, so their
         commit observers are in the committer from its first record.
         """
-        c, state, clock, hooks = self.config, self.state, self.clock, self.hooks
-        assert self.store is not None
-        store = self.store
+        state = self.state
         subs_state = state.extensions["subscriptions"]
         groups_state = state.extensions["groups"]
         auth_state = state.extensions["auth"]
         tenants_state = state.extensions["tenants"]
         assert isinstance(subs_state, SubscriptionState) and isinstance(groups_state, GroupsState)
         assert isinstance(auth_state, AuthState) and isinstance(tenants_state, TenantState)
+        link_skips, cursor_skips = LinkSkips(), CursorSkips()
+        self._compose_commits(subs_state, groups_state, link_skips, cursor_skips)
+        self._compose_tenants(tenants_state)
+        self._compose_data()
+        self._compose_features(subs_state, groups_state, link_skips, cursor_skips)
+        self._compose_auth(auth_state)
+        self.metrics.watch(self)
+        self._composed = True
+
+    def _compose_commits(
+        self,
+        subs_state: SubscriptionState,
+        groups_state: GroupsState,
+        link_skips: LinkSkips,
+        cursor_skips: CursorSkips,
+    ) -> None:
+        """What readers may see, the hooks' extensions, and the committer with every observer, in order."""
+        c, state, clock = self.config, self.state, self.clock
         follow = not self.offline  # offline GC passes write GC records only: no follow-ups
         self.visibility = visibility = Visibility()
         self.waiters = Waiters(c.max_waiters)
         self.footprint = FootprintCache(state)
-        link_skips, cursor_skips = LinkSkips(), CursorSkips()
         view = EngineView(state, clock, lambda s: visibility.view(s).tail)
-        self.extensions = [build(view) for build in hooks.extensions]
+        self.extensions = [build(view) for build in self.hooks.extensions]
         self.committer = Committer(
             self.journal,
             state,
@@ -279,10 +294,14 @@ class Engine:
                 *(observer for extension in self.extensions for observer in extension.observers),
             ],
         )
+
+    def _compose_tenants(self, tenants_state: TenantState) -> None:
+        """Quotas (every mode; the other shards' usage in cluster mode) and usage."""
+        c, clock = self.config, self.clock
         defaults = from_config({name: getattr(c, "quota_" + name) for name in QUOTA_NAMES})
-        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock, others=hooks.quota_others)
+        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock, others=self.hooks.quota_others)
         self.tenants = TenantService(
-            state,
+            self.state,
             tenants_state,
             self.committer,
             self.gate,
@@ -294,6 +313,12 @@ class Engine:
                 else None
             ),
         )
+
+    def _compose_data(self) -> None:
+        """The read path, the flusher, the stream service and GC (with the hooks' GC tasks)."""
+        c, state, clock, hooks = self.config, self.state, self.clock, self.hooks
+        assert self.store is not None
+        store, visibility = self.store, self.visibility
         self.cold_reader = ColdReader(store, c.read_cache_bytes)
         self.reader = StreamReader(
             state,
@@ -352,6 +377,16 @@ class Engine:
             tasks=[*default_tasks(), *hooks.gc_tasks],
             pass_seconds=self.metrics.gc_pass_seconds,
         )
+
+    def _compose_features(
+        self,
+        subs_state: SubscriptionState,
+        groups_state: GroupsState,
+        link_skips: LinkSkips,
+        cursor_skips: CursorSkips,
+    ) -> None:
+        """Subscriptions (and their delivery) and consumer groups."""
+        c, state, clock, hooks = self.config, self.state, self.clock, self.hooks
         self.subscriptions = SubscriptionService(
             state,
             subs_state,
@@ -376,9 +411,6 @@ class Engine:
             skips=cursor_skips,
             directory=hooks.stream_directory,
         )
-        self._compose_auth(auth_state)
-        self.metrics.watch(self)
-        self._composed = True
 
     def _compose_auth(self, auth_state: AuthState) -> None:
         """Who may do what (``--auth``): live-reader leases, the JWT verifier, the access service."""
