@@ -9,9 +9,11 @@ hot copies and segments, released objects, reconciliation (every
 garbage only a cluster has: ``tiered/cluster/gc/``).
 
 A task with a period of its own (``every_s``: a ``PeriodicTask``) runs on it,
-alone, under the same lock as passes, and is left out of scheduled passes; a
-pass asked for (admin API, offline) runs it with the others. So one runner,
-one job (``gc``), collects every kind of garbage of an engine.
+alone, and is left out of scheduled passes; a pass asked for (admin API,
+offline) runs it with the others. It has a lock of its own (never two runs of
+one task at once), so a slow one (the fork-pin sweep asks other nodes) never
+holds up the passes. So one runner, one job (``gc``), collects every kind of
+garbage of an engine.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class GcRunner:
         self.totals = GcTotals()
         self.last_report: GcReport | None = None
         self._lock = asyncio.Lock()
+        self._task_locks: dict[int, asyncio.Lock] = {}  # id of a periodic task -> its own lock
         self._last_reconcile = float("-inf")
 
     def pending_deletions(self) -> int:
@@ -101,12 +104,15 @@ class GcRunner:
                 log.exception("GC pass failed; the next one will resume")
             next_pass = clock.monotonic() + self.interval_s
 
+    def _task_lock(self, task: GcTask) -> asyncio.Lock:
+        return self._task_locks.setdefault(id(task), asyncio.Lock())
+
     async def _run_alone(self, task: GcTask) -> None:
         """One periodic task on its own schedule: its failures are logged, the next run resumes."""
         now = self.ctx.clock.now_ms()
         gc_pass = GcPass(now=now, dry_run=False, reconcile=False, report=GcReport(started_ms=now))
         try:
-            async with self._lock:
+            async with self._task_lock(task):
                 await task.run(self.ctx, gc_pass)
         except asyncio.CancelledError:
             raise
@@ -155,9 +161,11 @@ class GcRunner:
         if reconcile:
             self._last_reconcile = ctx.clock.monotonic()
         for task in self.tasks:
-            if scheduled and isinstance(task, PeriodicTask):
-                continue
-            await task.run(ctx, gc_pass)
+            if not isinstance(task, PeriodicTask):
+                await task.run(ctx, gc_pass)
+            elif not scheduled:
+                async with self._task_lock(task):
+                    await task.run(ctx, gc_pass)
         report = gc_pass.report
         report.finished_ms = ctx.clock.now_ms()
         if not dry_run:

@@ -310,3 +310,32 @@ def test_the_engine_of_one_server_has_no_hooks(tmp_path: Path) -> None:
             await engine.stop()
 
     asyncio.run(scenario())
+
+
+class Periodic(Counted):
+    """A GC task of the hooks with a period of its own (as the fork-pin sweep and WAL GC are)."""
+
+    name = "periodic"
+    every_s = 0.05
+
+
+def test_a_periodic_gc_task_runs_on_its_own_period_and_in_passes_asked_for(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        periodic = Periodic()
+        config = make_config(tmp_path / "data")  # passes every hour: only the task's own period is short
+        engine = Engine(config, VirtualClock(), hooks=EngineHooks(gc_tasks=(periodic,)))
+        await engine.start(jobs=False)
+        try:
+            engine.start_jobs({"gc"})
+            deadline = asyncio.get_running_loop().time() + 10
+            while periodic.passes < 3 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+            assert periodic.passes >= 3 and engine.gc.totals.passes == 0  # alone, not as a scheduled pass
+            before = periodic.passes
+            report = await engine.gc.run_pass()  # asked for (admin API, offline): every task
+            assert report.errors == [] and engine.gc.totals.passes == 1
+            assert periodic.passes >= before + 1
+        finally:
+            await engine.stop()
+
+    asyncio.run(scenario())
