@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "tiered/api/app.py",
             "tiered/api/access.py",
             "tiered/cluster/gateway/shard_routing.py",
+            "tiered/cluster/gateway/shard_router.py",
         ),
     ),
     ("journal", ("tiered/journal/", "tiered/engine/journal/", "tiered/engine/codec.py")),

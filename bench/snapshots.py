@@ -25,7 +25,7 @@ import statistics
 import time
 
 from tiered.cli.heap import tune_collector
-from tiered.engine.node import new_state
+from tiered.engine.engine import new_state
 from tiered.engine.snapshot import decode_snapshot, encode_snapshot
 from tiered.engine.streams.model import AppendRequest, CreateRequest
 from tiered.engine.streams.state import StreamState

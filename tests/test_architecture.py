@@ -119,7 +119,7 @@ def test_the_core_speaks_no_http() -> None:
                 "tiered.engine.tenants",
             )
         )
-        and not name.endswith((".http", ".client", ".delivery", ".forward", ".shard_routing"))
+        and not name.endswith((".http", ".client", ".delivery", ".forward", ".shard_router"))
     ]
     assert len(core) > 20
     for path in core:

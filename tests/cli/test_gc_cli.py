@@ -264,14 +264,14 @@ def test_stop_is_prompt_with_a_subscription_wakeup_pending(tmp_path: Path) -> No
     import asyncio
 
     from tests.support.gc_support import make_config
-    from tiered.engine.node import Node
+    from tiered.engine.engine import Engine
 
     config = make_config(tmp_path / "data")
 
     async def body() -> list[str]:
-        node = Node(config)
+        node = Engine(config)
         await node.start()
-        jobs = node.tasks.names
+        jobs = node.supervisor.names
         await asyncio.sleep(0.05)
         listener = node.subscriptions.subs.listener
         assert listener is not None
@@ -279,7 +279,7 @@ def test_stop_is_prompt_with_a_subscription_wakeup_pending(tmp_path: Path) -> No
         started = time.monotonic()
         await asyncio.wait_for(node.stop(), 3)
         assert time.monotonic() - started < 2
-        assert node.tasks.names == []
+        assert node.supervisor.names == []
         return jobs
 
     jobs = asyncio.run(body())

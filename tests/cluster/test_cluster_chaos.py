@@ -39,18 +39,18 @@ from tests.support.server_process import ServerProcess
 from tests.support.store_proxy import FaultPlan, StoreProxy
 from tests.support.tcp_proxy import TcpProxy
 from tiered.cli.verify import load_state_read_only
-from tiered.cluster.gc.wal_gc import check_pruned_chain
 from tiered.cluster.membership import keys
 from tiered.cluster.membership.cas import CasError, ObjectStoreCas
 from tiered.cluster.membership.manifest import decode_entry
 from tiered.cluster.membership.shards import shard_of
 from tiered.cluster.shards.wal import restore
 from tiered.cluster.shards.wal_index import wal_prefix
+from tiered.cluster.shards.wal_lifecycle import check_pruned_chain
 from tiered.cold.objects.store import ObjectStoreError
 from tiered.core.config import Config
 from tiered.core.errors import TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.node import open_store
+from tiered.engine.engine import open_store
 from tiered.hot.segment import parse_segment_name
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,6 +1,6 @@
 """The forwarder after an ownership change: reads and producer appends follow the shard to its new owner.
 
-In process: the shard routing middleware with a stand-in cluster view and two
+In process: a ``ShardRouter`` alone (no feature) with a stand-in cluster view and two
 loopback aiohttp servers as the old and the new owner. The old owner answers
 503 ``SHARD_NOT_OWNED`` (and, answering, the view moves the shard to the new
 owner, as a lease read would). A GET and a producer append are retried onto the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from aiohttp import web
 from tiered.api.kit.errors import map_errors
 from tiered.api.kit.types import Request, Response
 from tiered.cluster.gateway.forward import FORWARDED_BY, Forwarder
-from tiered.cluster.gateway.shard_routing import FORWARD_TRIES, shard_routing
+from tiered.cluster.gateway.shard_router import FORWARD_TRIES, ShardRouter
 from tiered.core.clock import SystemClock
 
 pytestmark = pytest.mark.timeout(30)
@@ -31,18 +30,12 @@ _MOVED = json.dumps({"error": {"code": "SHARD_NOT_OWNED", "message": "not mine"}
 
 
 class View:
-    """What ``shard_routing`` asks of ``ClusterServer``; every shard's owner is ``owner``."""
+    """What a ``ShardRouter`` asks of ``ClusterServer`` (a ``ShardView``); every shard's owner is ``owner``."""
 
     def __init__(self, owner: tuple[str, str]) -> None:
         self.owner = owner
         self.node_id = "here"
-        self.object_store = False
         self.clock = SystemClock()
-        self.config = SimpleNamespace(
-            cluster_lease_ttl_s=1.5, lease_margin_s=0.3, auth="none", admin_token=lambda: None
-        )
-        self.side_jobs: list[Any] = []  # the subscription feeds' supervisor (never started here)
-        self.host = SimpleNamespace(engines={})
 
     def shard_of(self, bucket: str, name: str) -> int:
         return 0
@@ -58,6 +51,16 @@ class View:
 
     def check_acknowledge(self, shard: int) -> None:
         raise AssertionError("nothing is served here")
+
+    async def durable(self, shard: int) -> None:
+        raise AssertionError("nothing is served here")
+
+
+def router(view: View, forwarder: Forwarder, no_engine: Any) -> ShardRouter:
+    """Routing alone: a lease TTL + margin of 1.8 s to follow a shard in."""
+    return ShardRouter(
+        view, forwarder, node_routes=no_engine, engine_handler=lambda engine: no_engine, retry_window_s=1.8
+    )
 
 
 async def _serve(handler: Any) -> tuple[web.AppRunner, str]:
@@ -104,7 +107,7 @@ async def _scenario(method: str, headers: dict[str, str], *, old_dead: bool = Fa
     async def no_engine(request: Request) -> Response:
         raise AssertionError("not served here")
 
-    route = map_errors(shard_routing(view, lambda engine: no_engine, forwarder, no_engine))  # type: ignore[arg-type]
+    route = map_errors(router(view, forwarder, no_engine).route)
 
     async def body() -> bytes:
         return b"payload"
@@ -173,7 +176,7 @@ def test_retries_are_bounded_when_every_owner_refuses() -> None:
         async def no_engine(request: Request) -> Response:
             raise AssertionError
 
-        route = shard_routing(view, lambda e: no_engine, forwarder, no_engine)  # type: ignore[arg-type]
+        route = router(view, forwarder, no_engine).route
 
         async def body() -> bytes:
             return b""

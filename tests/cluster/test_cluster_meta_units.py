@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -335,12 +336,14 @@ def test_overshoot_bound() -> None:
 
 
 class _Engine:
-    """What the exchange touches of an engine: its footprint and its gate."""
+    """What the exchange touches of an engine: its footprint; its gate reads the exchange's others."""
 
-    def __init__(self, totals: dict[str, tuple[int, int]]) -> None:
+    def __init__(
+        self, totals: dict[str, tuple[int, int]], others: Callable[[str], tuple[int, int]] | None = None
+    ) -> None:
         self.rows = totals
         self.footprint = self
-        self.gate = TenantGate(TenantState(), self, Quotas(), SystemClock())  # type: ignore[arg-type]
+        self.gate = TenantGate(TenantState(), self, Quotas(), SystemClock(), others=others)  # type: ignore[arg-type]
 
     def totals(self, bucket: str) -> tuple[int, int]:
         return self.rows.get(bucket, (0, 0))
@@ -353,10 +356,11 @@ def test_two_nodes_exchange_usage_through_the_store_and_feed_each_others_gates()
     async def scenario() -> None:
         store = MemoryCasStore()
         clock = SystemClock()
-        e0, e1, e2 = _Engine({"b": (2, 10)}), _Engine({"b": (1, 5)}), _Engine({"b": (4, 1), "z": (0, 0)})
         one = UsageExchange(store, "n1", clock, lambda: {0: e0, 1: e1}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
         two = UsageExchange(store, "n2", clock, lambda: {2: e2}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
-        one.attach()
+        # Each engine's gate is built with its exchange's view of the other shards (the quota_others hook).
+        e0, e1 = _Engine({"b": (2, 10)}, one.others_of(0)), _Engine({"b": (1, 5)}, one.others_of(1))
+        e2 = _Engine({"b": (4, 1), "z": (0, 0)}, two.others_of(2))
         assert e0.gate.others is not None
         with pytest.raises(TieredError) as unread:  # the others unknown yet: no size decision
             e0.gate.others("b")
@@ -411,9 +415,9 @@ def test_a_failed_read_or_publish_is_counted_and_the_next_pass_catches_up() -> N
     async def scenario() -> None:
         store = MemoryCasStore()
         clock = SystemClock()
-        e0, e1 = _Engine({"b": (1, 1)}), _Engine({"b": (2, 2)})
         one = UsageExchange(store, "n1", clock, lambda: {0: e0}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
         two = UsageExchange(store, "n2", clock, lambda: {1: e1}, lambda s: True, interval_s=1)  # type: ignore[dict-item]
+        e0, e1 = _Engine({"b": (1, 1)}, one.others_of(0)), _Engine({"b": (2, 2)}, two.others_of(1))
         store.inject(Fault.UNAVAILABLE, USAGE)  # the listing fails: the publish still happens
         await one.exchange()
         assert (one.rounds, one.errors, one.read_once, one.published) == (0, 1, False, 1)

@@ -269,14 +269,12 @@ def test_the_feed_reports_a_write_again_once_it_is_durable() -> None:
     fb04ba4: nothing did, so a stream created empty and then appended to in another shard was reported at
     tail 0 and its append never (no wake until the stream's next change: a silent stall).
     """
-    from types import SimpleNamespace
-
     from tiered.cluster.features.sub_feed import FeedObserver
     from tiered.engine.streams.model import AppendRequest, CreateRequest
 
     state = StreamState([])
     marked: list[str | None] = []
-    observer = FeedObserver(SimpleNamespace(state=state), marked.append)  # type: ignore[arg-type]
+    observer = FeedObserver(state, marked.append)
     t0 = 1_700_000_000_000
     created, _ = state.decide_create(
         DEFAULT_BUCKET, "events/a", CreateRequest("text/plain", None, None, None, False, b""), t0

@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -33,7 +32,7 @@ from tiered.cluster.shards.takeover import TakeoverGrant, decode_grant, encode_g
 from tiered.core.config import Config
 from tiered.core.errors import TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.node import open_store
+from tiered.engine.engine import open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -140,15 +139,13 @@ def test_prepare_takes_a_granted_shard_and_refuses_without_a_grant(
         store = await open_store(config, read_only=False, probe=False)
         try:
             cas = ObjectStoreCas(store)
-            host = ShardHost(config, "n2", jobs=False)
-            host.cluster = SimpleNamespace(store=cas)  # type: ignore[assignment]
+            host = ShardHost(config, "n2", jobs=False, cas=cas)
             with pytest.raises(TieredError, match="last written by node dead"):
                 await host.prepare(SHARD, 5, LAST)
             grant = TakeoverGrant(SHARD, "dead", 3, 4, "n2", "everything")
             await store.put(keys.takeover_key(SHARD), encode_grant(grant))
             await host.prepare(SHARD, 5, LAST)  # granted: no refusal
-            other = ShardHost(config, "n3", jobs=False)
-            other.cluster = SimpleNamespace(store=cas)  # type: ignore[assignment]
+            other = ShardHost(config, "n3", jobs=False, cas=cas)
             with pytest.raises(TieredError):
                 await other.prepare(SHARD, 5, LAST)
         finally:

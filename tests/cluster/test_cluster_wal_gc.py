@@ -1,6 +1,6 @@
 """Releasing WAL objects through the chain, deleting them after a grace delay, pruning the chain. Pure.
 
-The planning functions of ``tiered/cluster/gc/wal_gc.py`` alone, then a
+The planning functions of ``tiered/cluster/shards/wal_lifecycle.py`` alone, then a
 hypothesis state machine that runs owners of successive epochs over a model
 store and chain (ships, deletions of files, fenced ships that leave orphans,
 checkpoints, deletes after grace, pruning, takeovers that forget everything
@@ -16,14 +16,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tiered.cluster.gc.wal_gc import (
-    adopt_releases,
-    check_pruned_chain,
-    due_deletions,
-    plan_prune,
-    plan_releases,
-    prunable,
-)
 from tiered.cluster.membership.manifest import EntryKind, ManifestEntry
 from tiered.cluster.shards.wal_index import (
     Checkpoint,
@@ -33,6 +25,14 @@ from tiered.cluster.shards.wal_index import (
     decode_payload,
     encode_payload,
     wal_key,
+)
+from tiered.cluster.shards.wal_lifecycle import (
+    adopt_releases,
+    check_pruned_chain,
+    due_deletions,
+    plan_prune,
+    plan_releases,
+    prunable,
 )
 from tiered.core.errors import TieredError
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster_sim import NodeClock, World, chain, nonce_source
-from tiered.cluster.gc.wal_gc import check_pruned_chain
 from tiered.cluster.membership import keys
 from tiered.cluster.membership.cas import MemoryCasStore
 from tiered.cluster.membership.lease import LeaseTiming
@@ -32,6 +31,7 @@ from tiered.cluster.shards.wal_index import (
     wal_epoch,
     wal_prefix,
 )
+from tiered.cluster.shards.wal_lifecycle import check_pruned_chain
 from tiered.cold.objects.localdir import LocalDirStore
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.hot.segment import segment_name

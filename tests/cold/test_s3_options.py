@@ -30,7 +30,7 @@ from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
 from tiered.cold.objects.s3 import S3Store
 from tiered.core.config import ConfigError, load_config
-from tiered.engine.node import open_store
+from tiered.engine.engine import open_store
 
 pytestmark = pytest.mark.timeout(120)
 

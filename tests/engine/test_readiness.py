@@ -25,12 +25,12 @@ from tests.support.server_process import ServerProcess
 from tiered.api.app import build_handler
 from tiered.api.kit.aiohttp_server import AiohttpListener
 from tiered.cold.objects.store import ObjectStore
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class GatedNode(Node):
+class GatedNode(Engine):
     """A node whose start waits, after recovering its journal, until the test opens the gate."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -40,10 +40,10 @@ from tests.support.gc_support import Harness, VirtualClock, make_config
 from tests.support.state_fingerprint import fingerprint
 from tiered.core.errors import TieredError
 from tiered.engine.codec import RECORDS
+from tiered.engine.engine import new_state, producer_limits
 from tiered.engine.groups.state import CommitRequest, GroupSpec
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
-from tiered.engine.node import new_state, producer_limits
 from tiered.engine.snapshot import SNAPSHOTS, decode_snapshot, encode_snapshot
 from tiered.engine.subscriptions.config import parse_config
 from tiered.hot.log import SegmentLog

@@ -26,8 +26,8 @@ def history() -> Any:
     expired path, a cold object, retention, subscriptions (links, a claimed wake, a skip) and a group
     (members, a plan, commits), with signing keys."""
     from tiered.cold.parquet.chunk_index import ChunkIndex, ChunkRange, RowGroupSpan, StreamIndex
+    from tiered.engine.engine import new_state
     from tiered.engine.groups.state import CommitRequest, GroupSpec
-    from tiered.engine.node import new_state
     from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest
     from tiered.engine.streams.records import ColdCopyCommitted, ColdCopyStarted, CopyRange
     from tiered.engine.subscriptions.config import SubscriptionConfig
@@ -109,7 +109,7 @@ def history() -> Any:
 
 def test_a_version_4_snapshot_loads_as_the_state_it_holds() -> None:
     from tests.support.state_fingerprint import fingerprint
-    from tiered.engine.node import new_state
+    from tiered.engine.engine import new_state
     from tiered.engine.snapshot import decode_snapshot, encode_snapshot
     from tiered.hot.log import LogPosition
 

@@ -319,6 +319,8 @@ GAUGES = (
     "tiered_gc_integrity_errors",
     "tiered_gc_last_pass_timestamp_seconds",
     "tiered_producer_states",
+    "tiered_job_last_crash_timestamp_seconds",
+    "tiered_job_up",
 )
 COUNTERS = (  # family names: the samples end in _total
     "tiered_integrity_errors",
@@ -337,6 +339,7 @@ COUNTERS = (  # family names: the samples end in _total
     "tiered_group_skipped_ranges",
     "tiered_subscription_skipped_bytes",
     "tiered_subscription_skipped_ranges",
+    "tiered_job_restarts",
 )
 BUCKET_FAMILIES = {  # per-bucket (tiered.engine.tenants.bucket_metrics): no series before a bucket has usage
     "tiered_bucket_appended_bytes": "counter",

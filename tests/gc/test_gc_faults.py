@@ -53,7 +53,7 @@ from tiered.cold.objects.keys import key_time_ms, new_object_key
 from tiered.cold.objects.retry import RetryPolicy
 from tiered.cold.objects.s3 import S3Store
 from tiered.core.config import Config
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 from tiered.engine.streams.records import (
     ColdCopyAborted,
     ColdCopyCommitted,
@@ -74,7 +74,7 @@ class SimulatedCrash(Exception):
     """The process 'dies' here: raised after the journal stopped accepting records."""
 
 
-def die_here(svc: Node, where: str) -> None:
+def die_here(svc: Engine, where: str) -> None:
     svc.journal.failed = SimulatedCrash(f"process died {where}")
     raise SimulatedCrash(where)
 

@@ -302,10 +302,10 @@ def test_crossing_flush_bytes_flushes_the_data_that_crossed_it(tmp_path: Path) -
     config = make_config(tmp_path / "data", flush_bytes=64 * 1024, flush_interval_s=3600.0)
 
     async def body() -> None:
-        from tiered.engine.node import Node
+        from tiered.engine.engine import Engine
         from tiered.engine.streams.model import AppendRequest, CreateRequest
 
-        svc = Node(config)
+        svc = Engine(config)
         await svc.start(jobs=False)
         svc.start_jobs({"cold-flusher"})  # the background flusher runs: only the kick can start a pass
         write = svc.journal._write

@@ -6,7 +6,7 @@
 * ``ControlledStore`` wraps a real object store and lets a test make ``delete_many``,
   ``list``, ``put`` or ``get`` fail (``ObjectStoreUnavailable``), hang for a while and then
   fail (a timeout), or record every call.
-* ``Harness`` runs a real ``Node`` on a data dir with no background job (passes run
+* ``Harness`` runs a real ``Engine`` on a data dir with no background job (passes run
   when a test asks), with crash and clean restarts; ``HttpHarness`` also serves its
   HTTP handler on 127.0.0.1 with the production adapter.
 
@@ -23,7 +23,7 @@ from tiered.cold.objects.store import DeleteFailure, ObjectInfo, ObjectStoreUnav
 from tiered.core.clock import VirtualClock
 from tiered.core.config import Config
 from tiered.engine.codec import Record, decode_record
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 from tiered.engine.streams.model import AppendRequest, ColdSlice, CreateRequest, ForkRequest, Stream
 from tiered.hot.log import SegmentLog
 
@@ -150,7 +150,7 @@ class ControlledStore:
         return [c[1] for c in self.calls if c[0] == "delete_many"]
 
 
-def install_store(node: Node, store: Any) -> None:
+def install_store(node: Engine, store: Any) -> None:
     """Route every object-store use of a started node through ``store``."""
     node.store = store
     node.flusher.store = store
@@ -164,7 +164,7 @@ def install_store(node: Node, store: Any) -> None:
 
 
 class Harness:
-    """A real Node on ``config``'s data dir, restartable; nothing runs in the background."""
+    """A real Engine on ``config``'s data dir, restartable; nothing runs in the background."""
 
     def __init__(
         self, config: Config, wrap: Callable[[Any], Any] | None = None, *, clock: VirtualClock | None = None
@@ -172,15 +172,15 @@ class Harness:
         self.config = config
         self.wrap = wrap
         self.clock = clock or VirtualClock(T0)
-        self.node: Node | None = None
+        self.node: Engine | None = None
 
     @property
-    def s(self) -> Node:
+    def s(self) -> Engine:
         assert self.node is not None
         return self.node
 
-    async def start(self, *, abort_interrupted: bool = True) -> Node:
-        node = Node(self.config, self.clock)
+    async def start(self, *, abort_interrupted: bool = True) -> Engine:
+        node = Engine(self.config, self.clock)
         await node.start(jobs=False)
         if self.wrap is not None:
             install_store(node, self.wrap(node.store))
@@ -200,13 +200,13 @@ class Harness:
         if node is None:
             return
         self.node = None
-        await node.tasks.stop()
+        await node.supervisor.stop()
         await node.deliveries.close()
         await node.journal.close(None)
         if node.store is not None:
             await node.store.close()
 
-    async def restart(self, *, crash: bool = False) -> Node:
+    async def restart(self, *, crash: bool = False) -> Engine:
         await (self.crash() if crash else self.stop())
         return await self.start()
 
@@ -285,7 +285,7 @@ class HttpHarness(Harness):
         self.session: Any = None
         self.port = 0
 
-    async def start(self, *, abort_interrupted: bool = True) -> Node:
+    async def start(self, *, abort_interrupted: bool = True) -> Engine:
         import aiohttp
 
         from tiered.api.app import build_handler

@@ -9,10 +9,10 @@ request metrics and the access log), security headers
 auth (who may do what: ``tiered.api.kit.middleware.auth``), usage (each admitted request
 counted in its bucket, live readers held to their quota).
 
-In cluster mode (``build_cluster_handler``) shard routing
-(``tiered/cluster/gateway/shard_routing.py``) comes after error mapping: each request goes to its
-shard's engine, here (through that engine's auth and usage middleware and
-router) or forwarded to the shard's owner.
+In cluster mode (``tiered/cluster/handler.py``) the same outer layers wrap
+shard routing (``tiered/cluster/gateway/shard_router.py``), which hands each
+request to its shard's engine chain (``engine_chain``: auth, usage, router),
+here or on the shard's owner; errors are mapped once, by the outer layer.
 """
 
 from __future__ import annotations
@@ -28,26 +28,23 @@ from tiered.api.kit.middleware.cors import cors_preflight
 from tiered.api.kit.middleware.request_id import request_ids
 from tiered.api.kit.middleware.security_headers import security_headers
 from tiered.api.kit.middleware.usage_count import usage_middleware
+from tiered.api.kit.request_metrics import RequestCounts
 from tiered.api.kit.router import Router
-from tiered.api.kit.types import Handler, Request, Response, json_response
-from tiered.api.routes.admin import METRICS_CONTENT_TYPE, AdminRoutes
+from tiered.api.kit.types import Handler
+from tiered.api.routes.admin import AdminRoutes
 from tiered.api.routes.auth import AuthRoutes
 from tiered.api.routes.buckets import BucketRoutes
 from tiered.api.routes.groups import GroupRoutes
 from tiered.api.routes.streams import StreamRoutes
 from tiered.api.routes.subscriptions import SubscriptionRoutes
 from tiered.api.routes.tenants import TenantRoutes
-from tiered.cluster.features.group_engine import STREAMS_ROUTE, serve_streams
-from tiered.cluster.gateway.shard_routing import shard_routing
-from tiered.cluster.node_metrics import ClusterMetrics
 from tiered.engine.streams.locators import LOCATOR_SPAN_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tiered.cluster.server import ClusterServer
     from tiered.core.config import Config
-    from tiered.engine.node import Node
+    from tiered.engine.engine import Engine
 
 
 def access_log(config: Config, monotonic: Callable[[], float]) -> AccessLog | None:
@@ -55,90 +52,59 @@ def access_log(config: Config, monotonic: Callable[[], float]) -> AccessLog | No
     return None if config.access_log == "off" else AccessLog(config.access_log, monotonic)
 
 
-def build_handler(node: Node) -> Handler:
-    chain = security_headers(cors_preflight(map_errors(_engine_chain(node))))
-    return request_ids(chain, metrics=node.metrics, access_log=access_log(node.config, node.clock.monotonic))
-
-
-def build_cluster_handler(cluster: ClusterServer) -> Handler:
-    """Cluster mode: the same middleware around shard routing; one router per served shard's engine."""
-    node_router = Router()
-
-    async def health(request: Request) -> Response:
-        # 503 until the node joined and took its first shards, so start-up scripts wait for that.
-        return json_response(
-            {"ok": cluster.started, "node": cluster.node_id}, 200 if cluster.started else 503
-        )
-
-    async def ready(request: Request) -> Response:
-        ok, checks = cluster.readiness()
-        return json_response({"ready": ok, "checks": checks}, 200 if ok else 503)
-
-    metrics = ClusterMetrics(cluster)
-    guard = AdminGuard.from_config(cluster.config)
-
-    async def exposition(request: Request) -> Response:
-        return Response(200, {"Content-Type": METRICS_CONTENT_TYPE}, metrics.exposition())
-
-    node_router.add("GET", "/healthz", health)
-    node_router.add("GET", "/readyz", ready)
-
-    async def shard_streams(request: Request) -> Response:
-        return await serve_streams(cluster, request)
-
-    node_router.add("GET", "/metrics", guard(exposition))
-    node_router.add(
-        "GET", STREAMS_ROUTE, shard_streams
-    )  # nodes only: signed (tiered/cluster/membership/secret.py)
-    routed = shard_routing(cluster, build_engine_handler, cluster.forwarder, node_router)
-    return request_ids(
-        security_headers(cors_preflight(map_errors(routed))),
-        metrics=metrics,
-        access_log=access_log(cluster.config, cluster.clock.monotonic),
-    )
-
-
-def build_router(node: Node) -> Router:
-    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
-    c = node.config
-    guard = AdminGuard.from_config(c)
+def build_handler(engine: Engine) -> Handler:
+    """A single server: one engine's routes behind the whole chain; ``/metrics`` adds the request counts."""
     router = Router()
-    SubscriptionRoutes(node.subscriptions).install(router)
+    counts = RequestCounts(router.label)  # auth refusals never reach the router: it labels them anyway
+
+    def exposition() -> bytes:
+        return engine.metrics.exposition() + counts.exposition()
+
+    install_routes(router, engine, exposition)
+    chain = security_headers(cors_preflight(map_errors(_guarded(engine, router))))
+    return request_ids(chain, metrics=counts, access_log=access_log(engine.config, engine.clock.monotonic))
+
+
+def install_routes(router: Router, engine: Engine, exposition: Callable[[], bytes]) -> None:
+    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
+    c = engine.config
+    guard = AdminGuard.from_config(c)
+    SubscriptionRoutes(engine.subscriptions).install(router)
     StreamRoutes(
-        node.streams,
-        node.clock,
+        engine.streams,
+        engine.clock,
         read_chunk_bytes=c.read_chunk_bytes,
         long_poll_timeout_s=c.long_poll_timeout_s,
         sse_max_connection_s=c.sse_max_connection_s,
         locator_valid_ms=c.locator_valid_ms,
         locator_span_bytes=LOCATOR_SPAN_BYTES,
     ).install(router)
-    BucketRoutes(node.streams, guard).install(router)
-    GroupRoutes(node.groups).install(router)
+    BucketRoutes(engine.streams, guard).install(router)
+    GroupRoutes(engine.groups).install(router)
     AdminRoutes(
-        node.streams,
-        node.gc,
+        engine.streams,
+        engine.gc,
         guard,
-        node.readiness,
-        node.metrics.exposition,
-        lambda: node.journal.failed is None,
+        engine.readiness,
+        exposition,
+        lambda: engine.journal.failed is None,
     ).install(router)
-    AuthRoutes(node.auth, guard).install(router)
-    TenantRoutes(node.tenants, guard).install(router)
-    return router
+    AuthRoutes(engine.auth, guard).install(router)
+    TenantRoutes(engine.tenants, guard).install(router)
 
 
-def _engine_chain(node: Node) -> Handler:
+def engine_chain(engine: Engine) -> Handler:
+    """Cluster mode: one shard's engine, its routes behind its auth and usage middleware (errors unmapped:
+    the node's outer chain maps them, once)."""
+    router = Router()
+    install_routes(router, engine, engine.metrics.exposition)
+    return _guarded(engine, router)
+
+
+def _guarded(engine: Engine, router: Router) -> Handler:
     """One engine's routes behind its auth and usage middleware."""
-    router = build_router(node)
-    groups = node.groups.groups
+    groups = engine.groups.groups
     access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
-    buckets = node.state.buckets
-    counted = usage_middleware(node.tenants.counter, node.gate, buckets.__contains__)(router)
-    node.metrics.label_unrouted = router.label  # auth refusals never reach the router
-    return auth_middleware(node.auth, access)(counted)
-
-
-def build_engine_handler(node: Node) -> Handler:
-    """Cluster mode: one shard's engine (errors mapped here too, so its metrics see the real status)."""
-    return map_errors(_engine_chain(node))
+    buckets = engine.state.buckets
+    counted = usage_middleware(engine.tenants.counter, engine.gate, buckets.__contains__)(router)
+    return auth_middleware(engine.auth, access)(counted)

@@ -23,7 +23,7 @@ from tiered.cluster.shards.takeover import TakeoverFacts, TakeoverGrant, encode_
 from tiered.cold.objects.keys import DATA_PREFIX
 from tiered.cold.objects.store import ObjectStore
 from tiered.core.config import Config
-from tiered.engine.node import open_store
+from tiered.engine.engine import open_store
 
 __all__ = ["run_take_over"]
 

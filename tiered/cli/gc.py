@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from tiered.core.config import Config
 from tiered.engine.datadir import DataDirLock, DataDirLocked
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 
 
 def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:
@@ -36,7 +36,7 @@ def _steps_bar(out: TextIO, label: str, done: int, total: int) -> None:
 async def _offline_pass(config: Config, dry_run: bool, out: TextIO) -> dict[str, Any]:
     lock = DataDirLock(config.data_path)
     lock.acquire(shared=dry_run)
-    node = Node(config)
+    node = Engine(config)
     try:
         _steps_bar(out, "recovering metadata", 0, 3)
         await node.open_offline(dry_run=dry_run)

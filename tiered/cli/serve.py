@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from tiered.api.app import build_cluster_handler, build_handler
+from tiered.api.app import build_handler
 from tiered.api.kit.types import Handler
 from tiered.cli.heap import freeze_recovered_state, tune_collector
 from tiered.core.config import Config, ConfigError
 from tiered.core.hosts import UnresolvableHost, listen_addresses, url_host
 from tiered.engine.datadir import DataDirLock, DataDirLocked
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         return
     lock = DataDirLock(config.data_path)
     lock.acquire()
-    node = Node(config)
+    engine = Engine(config)
     # Handlers first: a SIGTERM that arrives while recovering or just after the listener opened
     # must still end in a clean shutdown, not the default action's abrupt exit.
     stop = asyncio.Event()
@@ -43,9 +43,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     tune_collector()
     try:
-        await node.start()
+        await engine.start()
         freeze_recovered_state()
-        listener = make_listener(config, build_handler(node))
+        listener = make_listener(config, build_handler(engine))
         scheme = "https" if config.tls_cert else "http"
         for host, port in await listener.start(config.host, config.port):
             log.info(  # a log line, so --log-format json keeps every line JSON
@@ -57,30 +57,32 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
                 config.data_path.resolve(),
             )
         warn_exposure(config)
-        loop.add_signal_handler(signal.SIGHUP, node.reload_keys)
+        loop.add_signal_handler(signal.SIGHUP, engine.reload_keys)
         if ready is not None:
             ready.set()
         await stop.wait()
         log.info("shutting down")
-        node.streams.begin_shutdown()
+        engine.streams.begin_shutdown()
         await listener.stop()
     finally:
-        await node.stop()
+        await engine.stop()
         lock.release()
 
 
 async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> None:
-    """Cluster mode: listen first (the advertised URL needs the port), then join and take shards.
+    """Cluster mode: open the store and compose the node, listen (the advertised URL needs the port),
+    then join and take shards.
 
     On SIGINT/SIGTERM the node stops acknowledging, hands each shard off
     (flushed), marks itself stopped so peers take over at once, and exits.
     """
-    from tiered.cluster.server import ClusterServer
+    from tiered.cluster.compose import build_cluster_handler
+    from tiered.cluster.server import ClusterServer, open_cluster
 
     config.data_path.mkdir(parents=True, exist_ok=True)
     lock = DataDirLock(config.data_path)
     lock.acquire()
-    cluster = ClusterServer(config)
+    cluster: ClusterServer | None = None
     listener: Listener | None = None
     tune_collector()  # no freeze: shards' states come and go with their leases
     stop = asyncio.Event()  # handlers first, as in serve(): a SIGTERM during start-up shuts down cleanly
@@ -88,11 +90,12 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        cluster = await open_cluster(config)
         listener = make_listener(config, build_cluster_handler(cluster))
         scheme = "https" if config.tls_cert else "http"
         bound = await listener.start(config.host, config.port)
         host, port = bound[0]
-        await cluster.start(f"{scheme}://{url_host(host)}:{port}")
+        await cluster.join(f"{scheme}://{url_host(host)}:{port}")
         # Bounded: a node that cannot take shards yet (peers still hold them) serves by forwarding.
         await cluster.wait_serving(timeout_s=3 * config.cluster_lease_ttl_s)
         for host, port in bound:
@@ -112,7 +115,8 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         await stop.wait()
         log.info("shutting down: handing shards off")
     finally:
-        await cluster.stop()
+        if cluster is not None:
+            await cluster.stop()
         if listener is not None:
             await listener.stop()
         lock.release()

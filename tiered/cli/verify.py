@@ -27,9 +27,9 @@ from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreEr
 from tiered.cold.parquet.chunk import iter_records, rebuild_index
 from tiered.core.config import Config
 from tiered.engine.codec import RECORDS
+from tiered.engine.engine import new_state, open_store, producer_limits
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
-from tiered.engine.node import new_state, open_store, producer_limits
 from tiered.engine.snapshot import SNAPSHOTS
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog

@@ -14,7 +14,10 @@ may appear only once in an exposition). The node adds what is its own:
   ``route="unmatched"`` unless a local engine named the route);
 * the cluster: shards (count), shards held here by lease state, this
   incarnation, whether the acknowledgement window is open, requests
-  forwarded to owners, usage summaries exchanged.
+  forwarded to owners, usage summaries exchanged;
+* the node's own background jobs (``tiered_job_*{job}``: the lease loop, the
+  usage exchange), from its supervisor; each engine's jobs come with its
+  families, labelled by shard.
 
 Same rule as a single server: the route is an admin route (the admin token
 when one is configured).
@@ -23,18 +26,20 @@ when one is configured).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tiered.api.kit.types import UNMATCHED, Request, Response
+from tiered.api.kit.request_metrics import RequestCounts
+from tiered.cluster.features.bucket_totals_exchange import UsageExchange
+from tiered.cluster.gateway.forward import Forwarder
 from tiered.cluster.membership.lease import HoldState
-from tiered.engine.engine_metrics import disconnects_family
-
-if TYPE_CHECKING:
-    from tiered.cluster.server import ClusterServer
+from tiered.cluster.membership.node_shell import ClusterNode
+from tiered.core.clock import Clock
+from tiered.engine.engine import Engine
+from tiered.engine.supervisor import Supervisor
 
 __all__ = ["ClusterMetrics", "merge_families"]
 
@@ -59,29 +64,45 @@ def merge_families(sources: Iterable[tuple[str, Iterable[Metric]]]) -> list[Metr
     return [merged[name] for name in sorted(merged)]
 
 
+class Source(Protocol):
+    """What the node's metrics read (``ClusterServer``)."""
+
+    clock: Clock
+    node: ClusterNode | None
+    forwarder: Forwarder
+    supervisor: Supervisor
+
+    def engines(self) -> dict[int, Engine]:
+        """Every shard's engine on this node (served now or not)."""
+        ...
+
+    def served_engines(self) -> dict[int, Engine]: ...
+
+
 class ClusterMetrics:
-    def __init__(self, cluster: ClusterServer) -> None:
+    def __init__(self, cluster: Source, usage: UsageExchange) -> None:
         self.cluster = cluster
+        self.usage = usage
         self.registry = CollectorRegistry()
-        self.requests: dict[str, dict[int, int]] = {}  # route -> status -> answers
-        self.disconnects: dict[tuple[str, str], int] = {}  # (route, phase) -> clients that left
+        #: Every answer this node gave (``tiered.api.kit.middleware.request_id`` counts them here).
+        self.requests = RequestCounts()
         ProcessCollector(registry=self.registry)
+        self.registry.register(self.requests)
         self.registry.register(_NodeCollector(self))
 
-    def count_answer(self, request: Request, response: Response) -> None:
-        route = request.route or UNMATCHED
-        by_status = self.requests.setdefault(route, {})
-        by_status[response.status] = by_status.get(response.status, 0) + 1
-
-    def count_disconnect(self, request: Request, phase: str) -> None:
-        key = (request.route or UNMATCHED, phase)
-        self.disconnects[key] = self.disconnects.get(key, 0) + 1
-
     def exposition(self) -> bytes:
-        engines = sorted(self.cluster.host.engines.items())
+        engines = sorted(self.cluster.engines().items())
         shards = [(f"{shard:04d}", engine.metrics.registry.collect()) for shard, engine in engines]
+        own = {family.name: family for family in self.registry.collect()}
+        families = list(own.values())
+        for family in merge_families(shards):
+            mine = own.get(family.name)
+            if mine is None:
+                families.append(family)
+            else:  # the node's jobs and the engines' (``tiered_job_*``): one family, the engines' by shard
+                mine.samples.extend(family.samples)
         combined = CollectorRegistry()
-        combined.register(_Fixed([*self.registry.collect(), *merge_families(shards)]))
+        combined.register(_Fixed(families))
         return prometheus_client.generate_latest(combined)
 
 
@@ -99,16 +120,6 @@ class _NodeCollector:
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
-        requests = CounterMetricFamily(
-            "tiered_http_requests",
-            "HTTP requests this node answered, by route (the router's name for it, never the path) and status",
-            labels=["route", "status"],
-        )
-        for route, by_status in sorted(m.requests.items()):
-            for status, n in sorted(by_status.items()):
-                requests.add_metric([route, str(status)], n)
-        yield requests
-        yield disconnects_family(m.disconnects)
         cluster = m.cluster
         node = cluster.node
         spec = node.spec if node is not None else None
@@ -152,14 +163,15 @@ class _NodeCollector:
             "Requests this node forwarded to the owner of their shard",
             value=cluster.forwarder.forwarded,
         )
-        usage = cluster.usage
+        usage = m.usage
         yield CounterMetricFamily(
             "tiered_cluster_usage_rounds",
             "Usage exchanges completed (publish this node's shards' usage, read the others')",
-            value=usage.rounds if usage is not None else 0,
+            value=usage.rounds,
         )
         yield CounterMetricFamily(
             "tiered_cluster_usage_errors",
             "Usage exchanges cut short by the object store",
-            value=usage.errors if usage is not None else 0,
+            value=usage.errors,
         )
+        yield from cluster.supervisor.families()

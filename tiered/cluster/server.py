@@ -1,12 +1,20 @@
 """What ``tiered serve`` runs in cluster mode: the node's lease loop and one engine per served shard.
 
-Composition: the configured object store, seen through ``ObjectStoreCas``;
-a ``ClusterNode`` (heartbeats, leases, fences) whose hooks are a
-``ShardHost`` (one single-node engine per served shard, under
-``<data>/shards/<shard>/``); and, in object-store durability mode, a
-``WalShipper`` per shard (see ``tiered/cluster/shards/wal.py``). The HTTP side
-(``tiered/cluster/gateway/shard_routing.py``) asks this object where a request's shard
+Composition (``open_cluster``, then ``ClusterServer.join``): the configured
+object store, seen through ``ObjectStoreCas``; the cluster secret (the
+operator's, else the store's); the features (``compose.py``: routing, feeds,
+tokens, usage, catch-up reads, each shard's ``EngineHooks``); a ``ShardHost``
+(one engine per served shard, under ``<data>/shards/<shard>/``, with a
+``WalShipper`` per shard in object-store durability: ``shards/wal.py``); and,
+once the listener's address is known, a ``ClusterNode`` (heartbeats, leases,
+fences) whose hooks are the host. Shard routing
+(``tiered/cluster/gateway/shard_router.py``) asks this object where a request's shard
 is served and whether this node may acknowledge in it now.
+
+The node's own loops (the lease loop, the usage exchange) run under its
+``Supervisor`` (``tiered/engine/supervisor.py``): restarted with backoff if
+they crash, reported in ``/readyz`` and ``/metrics``; each shard's engine
+supervises its own jobs, and ``/readyz`` reports those too.
 
 Durability decides placement: with ``local`` a shard stays with its last
 writer (its acknowledged data is on that node's disk), so leases are not
@@ -18,87 +26,122 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tiered.cluster.features.bucket_totals_exchange import UsageExchange
-from tiered.cluster.features.group_engine import ClusterEngine
-from tiered.cluster.gateway.cold_reads import CatchupReads
+from tiered.cluster.compose import ClusterFeatures
 from tiered.cluster.gateway.forward import Forwarder
-from tiered.cluster.membership.cas import CasError, ObjectStoreCas
+from tiered.cluster.membership.cas import CasError, CasStore, ObjectStoreCas
 from tiered.cluster.membership.lease import LeaseTiming
+from tiered.cluster.membership.manifest import ManifestEntry
 from tiered.cluster.membership.node_shell import ClusterNode, NodeConfig
 from tiered.cluster.membership.secret import NodeSigner, load_or_create
 from tiered.cluster.membership.shards import shard_of
-from tiered.cluster.shards.host import ShardHost
+from tiered.cluster.shards.host import ShardHost, WalSetup
 from tiered.cold.objects.store import ObjectStore
 from tiered.core.clock import Clock, SystemClock
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.node import Node, open_store
+from tiered.engine.engine import Engine, open_store
+from tiered.engine.supervisor import Supervisor
 
-__all__ = ["ClusterServer"]
+__all__ = ["ClusterServer", "open_cluster"]
 
 log = logging.getLogger(__name__)
 
 _SECRET_TRIES = 5
 
 
+async def open_cluster(config: Config, clock: Clock | None = None) -> ClusterServer:
+    """Open the store and read the cluster secret, then compose the node (nothing served or joined yet)."""
+    c = config
+    clock = clock or SystemClock()
+    store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
+    try:
+        secret = await _secret(c, ObjectStoreCas(store))
+    except BaseException:
+        await store.close()
+        raise
+    return ClusterServer(c, clock, store, NodeSigner(secret, clock))
+
+
+async def _secret(config: Config, cas: CasStore) -> bytes:
+    """The cluster's secret, read before anything is served: the operator's file (``cluster_secret_file``,
+    the same on every node), else the store's object (created by the first node; a few tries)."""
+    configured = config.cluster_secret()
+    if configured is not None:
+        return configured
+    for attempt in range(_SECRET_TRIES):
+        try:
+            return await load_or_create(cas)
+        except CasError as exc:
+            if attempt + 1 == _SECRET_TRIES:
+                raise
+            log.warning("the cluster secret could not be read (%s); trying again", exc)
+            await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+class _NodeChain:
+    """The shards' manifest chains as the WAL shippers write them: through the node once it joined."""
+
+    def __init__(self, cas: CasStore, server: ClusterServer) -> None:
+        self.store = cas
+        self.server = server
+
+    async def commit(self, shard: int, payload: bytes) -> ManifestEntry:
+        node = self.server.node
+        if node is None:
+            raise TieredError(ErrorCode.SHARD_NOT_OWNED, "not joined", shard=shard, retry_after_s=1)
+        return await node.commit(shard, payload)
+
+
 class ClusterServer:
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        store: ObjectStore,
+        signer: NodeSigner,
+        *,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        """``supervisor``: the owner of the node's own loops (by default its own, on ``clock``)."""
         self.config = config
-        self.clock: Clock = clock or SystemClock()
+        self.clock = clock
         self.node_id = config.cluster_node_id
         self.object_store = config.durability == "object-store"
+        self.store = store
+        self.cas = ObjectStoreCas(store)
+        self.signer = signer  # node-to-node requests (tiered/cluster/membership/secret.py)
+        # A forwarded long-poll waits up to long_poll_timeout_s for its first byte.
+        self.forwarder = Forwarder(self.node_id, read_timeout_s=max(30.0, config.long_poll_timeout_s + 10))
+        self.supervisor = supervisor or Supervisor(clock)
+        self.features = ClusterFeatures(
+            self, store=store, cas=self.cas, signer=signer, forwarder=self.forwarder
+        )
         self.host = ShardHost(
             config,
             self.node_id,
-            self.clock,
-            object_store=self.object_store,
-            # Each shard's groups see every shard's streams (tiered/cluster/features/group_engine.py).
-            engine_factory=lambda shard_config, clock: ClusterEngine(shard_config, clock, self),
+            clock,
+            engine_factory=self.features.engine,
+            cas=self.cas,
+            wal=WalSetup(store, _NodeChain(self.cas, self)) if self.object_store else None,
         )
-        self.store: ObjectStore | None = None
-        self.node: ClusterNode | None = None
+        self.node: ClusterNode | None = None  # once joined (its heartbeats advertise the listener's URL)
         self.advertise_url = ""
-        # A forwarded long-poll waits up to long_poll_timeout_s for its first byte.
-        self.forwarder = Forwarder(self.node_id, read_timeout_s=max(30.0, config.long_poll_timeout_s + 10))
         self.started = False  # joined, and waited (bounded) for its first shards
         self._stop = asyncio.Event()
-        self._loop: asyncio.Task[None] | None = None
-        # Background jobs other parts of the node add before ``start`` (the subscription feeds), stopped with it.
-        self.side_jobs: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
-        self._side: list[asyncio.Task[None]] = []
-        self.catchup: CatchupReads | None = None  # catch-up reads of other nodes' streams, from the store
-        self.usage: UsageExchange | None = None  # bucket-wide quotas: every shard's usage (usage.py)
-        self._usage_loop: asyncio.Task[None] | None = None
-        self.signer: NodeSigner | None = (
-            None  # node-to-node requests (tiered/cluster/membership/secret.py), once the secret is read
-        )
 
-    async def start(self, advertise_url: str) -> None:
-        """Open the store, join the cluster and start the lease loop (shards come as leases are won)."""
+    async def join(self, advertise_url: str) -> None:
+        """Join the cluster and start the lease loop (shards come as leases are won) and the usage exchange."""
         c = self.config
         self.advertise_url = c.cluster_advertise_url or advertise_url
-        self.store = await open_store(c, read_only=False, probe=c.s3_conditional_writes == "probe")
-        self.host.store = self.store
-        self.signer = NodeSigner(await self._secret(), self.clock)
-        self.catchup = CatchupReads(
-            self.store,
-            self.clock,
-            self.node_id,
-            max_valid_s=c.locator_valid_ms / 1000,
-            cache_bytes=c.read_cache_bytes,
-            read_timeout_s=c.cold_read_timeout_s,
-        )
-        self.catchup.authenticate = self.authenticate
-        timing = LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s)
-        self.node = ClusterNode(
-            ObjectStoreCas(self.store),
+        node = self.node = ClusterNode(
+            self.cas,
             NodeConfig(
                 self.node_id,
                 self.advertise_url,
-                timing,
+                LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s),
                 shard_count=c.cluster_shards,
                 rebalance=self.object_store,
                 serve_in_background=True,
@@ -106,37 +149,10 @@ class ClusterServer:
             self.clock,
             hooks=self.host,
         )
-        self.host.cluster = self.node
-        self._loop = asyncio.get_running_loop().create_task(self.node.run(self._stop))
-        self._side = [asyncio.get_running_loop().create_task(job(self._stop)) for job in self.side_jobs]
-        self.usage = UsageExchange(
-            ObjectStoreCas(self.store),
-            self.node_id,
-            self.clock,
-            self.served_engines,
-            lambda shard: self.local_engine(shard) is not None,
-            interval_s=c.cluster_usage_interval_s,
-        )
-        self.catchup.on_served = self.usage.count_served  # the owner never sees these reads
-        self._usage_loop = asyncio.get_running_loop().create_task(self.usage.run(self._stop))
-
-    async def _secret(self) -> bytes:
-        """The cluster's secret, read before anything is served: the operator's file (``cluster_secret_file``,
-        the same on every node), else the store's object (created by the first node; a few tries)."""
-        configured = self.config.cluster_secret()
-        if configured is not None:
-            return configured
-        assert self.store is not None
-        cas = ObjectStoreCas(self.store)
-        for attempt in range(_SECRET_TRIES):
-            try:
-                return await load_or_create(cas)
-            except CasError as exc:
-                if attempt + 1 == _SECRET_TRIES:
-                    raise
-                log.warning("the cluster secret could not be read (%s); trying again", exc)
-                await asyncio.sleep(0.5 * (attempt + 1))
-        raise AssertionError("unreachable")
+        stop = self._stop
+        # Both end by themselves once ``stop`` is set: the lease loop hands every shard off on its way out.
+        self.supervisor.start("cluster-membership", lambda: node.run(stop), drain=True)
+        self.supervisor.start("usage-exchange", lambda: self.features.usage.run(stop), drain=True)
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
@@ -164,21 +180,16 @@ class ClusterServer:
     async def stop(self) -> None:
         """Hand every shard off (flushing each), mark the node stopped, close the engines and the store."""
         self._stop.set()
-        if self._usage_loop is not None:
-            await self._usage_loop
-        if self._loop is not None:
+        await self.supervisor.stop()  # the lease loop hands off and ends; the usage exchange ends
+        node = self.node
+        if node is not None and not node.stopping:
             try:
-                await self._loop
+                await node.stop()  # its loop was not running (waiting to be restarted): hand off here
             except Exception:
-                log.exception("the cluster loop failed while stopping")
-        for result in await asyncio.gather(*self._side, return_exceptions=True):
-            if isinstance(result, Exception):
-                log.error("a cluster side job failed: %r", result)
+                log.exception("the cluster node failed while stopping")
         await self.host.close()
         await self.forwarder.close()
-        if self.store is not None:
-            await self.store.close()
-            self.store = None
+        await self.store.close()
 
     # -- what the HTTP side asks ---------------------------------------------------------
 
@@ -198,7 +209,7 @@ class ClusterServer:
             )
         return node.spec.shard_count
 
-    def local_engine(self, shard: int) -> Node | None:
+    def local_engine(self, shard: int) -> Engine | None:
         """The engine serving ``shard`` here, if this node may acknowledge in it now."""
         node = self.node
         engine = self.host.engines.get(shard)
@@ -210,7 +221,11 @@ class ClusterServer:
             return None
         return engine
 
-    def served_engines(self) -> dict[int, Node]:
+    def engines(self) -> dict[int, Engine]:
+        """Every shard's engine on this node, served now or not (starting, handing off)."""
+        return dict(self.host.engines)
+
+    def served_engines(self) -> dict[int, Engine]:
         """Every shard's engine this node may acknowledge in now."""
         return {s: e for s in list(self.host.engines) if (e := self.local_engine(s)) is not None}
 
@@ -256,17 +271,27 @@ class ClusterServer:
         await shipper.durable()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready once joined, with no background job crash-looping or ended: the node's own and every
+        shard engine's (``jobs``, by name: ``shard-NNNN/<job>`` for an engine's)."""
         node = self.node
         joined = node is not None and node.me is not None
         serving = node.serving() if node is not None else {}
+        jobs = self.supervisor.report()
+        failing = self.supervisor.problems()
+        for shard, engine in sorted(self.host.engines.items()):
+            prefix = f"shard-{shard:04d}/"
+            jobs.update({prefix + name: job for name, job in engine.supervisor.report().items()})
+            failing += [prefix + problem for problem in engine.supervisor.problems()]
         checks: dict[str, Any] = {
             "node": self.node_id,
             "joined": joined,
             "incarnation": node.incarnation if node is not None else 0,
             "serving": sorted(serving),
             "durability": self.config.durability,
-            "usage_rounds": self.usage.rounds if self.usage is not None else 0,
+            "usage_rounds": self.features.usage.rounds,
+            "catchup": self.features.catchup.stats(),
+            "jobs": jobs,
         }
-        if self.catchup is not None:
-            checks["catchup"] = self.catchup.stats()
-        return joined, checks
+        if failing:
+            checks["jobs_failing"] = failing
+        return joined and not failing, checks

@@ -9,13 +9,17 @@ can run several nodes in one process. Two kinds of metric:
   and GC totals, integrity errors...). Nothing on the request path updates
   them.
 * **Instruments** (``Metrics``): latency histograms observed where the work
-  happens (append, journal sync, object-store requests, flush and GC passes)
-  and ``tiered_http_requests_total{route,status}`` (with its twin for
-  requests whose client left, ``tiered_http_client_disconnects_total{route,phase}``). Labelled children are
-  made once and cached, so an observation is one call. What every request
-  pays (the append histogram, the request count) is kept in plain Python
-  numbers on the event loop and exposed by a custom collector: no lock, no
-  object per observation.
+  happens (append, journal sync, object-store requests, flush and GC passes).
+  Labelled children are made once and cached, so an observation is one call.
+  What every append pays (its histogram) is kept in plain Python numbers on
+  the event loop and exposed by a custom collector: no lock, no object per
+  observation.
+* **Background jobs** (``tiered_job_*``, by job): from the engine's supervisor
+  (``tiered.engine.supervisor``): restarts, the last crash, whether it runs.
+
+HTTP requests (``tiered_http_requests_total``, client disconnects) are
+counted by the HTTP layer (``tiered.api.kit.request_metrics``), beside this
+registry in the exposition.
 
 No stream name is ever a label, and bucket names only in the per-bucket
 metrics of ``tiered.engine.tenants.bucket_metrics`` (their cardinality is capped by
@@ -29,9 +33,9 @@ that the names used there and in ``terraform/monitoring.tf`` exist here.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Histogram
@@ -39,12 +43,21 @@ from prometheus_client.context_managers import Timer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from tiered.api.kit.types import UNMATCHED
+from tiered.core.config import Config
+from tiered.engine.groups.service import GroupService
+from tiered.engine.jobs.health import StoreHealth
+from tiered.engine.streams.reader import StreamReader
+from tiered.engine.streams.service import StreamService
+from tiered.engine.streams.state import StreamState
+from tiered.engine.streams.visibility import Waiters
+from tiered.engine.subscriptions.service import SubscriptionService
+from tiered.engine.supervisor import Supervisor
 from tiered.engine.tenants.bucket_metrics import bucket_metric_families
-
-if TYPE_CHECKING:
-    from tiered.api.kit.types import Request, Response
-    from tiered.engine.node import Node
+from tiered.engine.tenants.gate import TenantGate
+from tiered.engine.tenants.service import TenantService
+from tiered.engine.timed import TimedFlusher
+from tiered.gc.runner import GcRunner
+from tiered.hot.log import SegmentLog
 
 # ``*_created`` series (a timestamp per counter and histogram child) would double
 # the scrape for nothing an alarm uses. A library-wide switch: tiered is the process.
@@ -98,44 +111,11 @@ class Metrics:
             registry=r,
         )
         self.store_operations = {op: self.store_request_seconds.labels(op) for op in STORE_OPERATIONS}
-        self.requests: dict[str, dict[int, int]] = {}  # route -> status -> requests answered
-        self.disconnects: dict[tuple[str, str], int] = {}  # (route, phase) -> clients that left
-        #: The router's labelling, for requests answered before they reached it (``build_handler``).
-        self.label_unrouted: Callable[[Request], str] | None = None
         r.register(LoopCollector(self))
 
-    def count_answer(self, request: Request, response: Response) -> None:
-        """One answered request, by the route the router named and the status sent.
-
-        Called by the outermost HTTP layer (``tiered.api.kit.middleware.request_id``) on the
-        event loop, so refusals and 500s count with the status the client got;
-        a request whose client left before its answer is counted by
-        ``count_disconnect`` instead. The label is kept in ``request.route``
-        for the access log.
-        """
-        route = request.route
-        if route == UNMATCHED:
-            route = self._label(request)  # refused before the router (auth): label it now
-        by_status = self.requests.get(route)
-        if by_status is None:
-            by_status = self.requests[route] = {}
-        status = response.status
-        by_status[status] = by_status.get(status, 0) + 1
-
-    def count_disconnect(self, request: Request, phase: str) -> None:
-        """A client that left: before its answer (``request``) or during a streamed one (``response``)."""
-        key = (self._label(request), phase)
-        self.disconnects[key] = self.disconnects.get(key, 0) + 1
-
-    def _label(self, request: Request) -> str:
-        route = request.route
-        if route == UNMATCHED and self.label_unrouted is not None:
-            route = request.route = self.label_unrouted(request)  # refused before the router (auth)
-        return route
-
-    def watch(self, node: Node) -> None:
-        """Expose ``node``'s state (its composed parts) at every scrape."""
-        self.registry.register(NodeCollector(node))
+    def watch(self, engine: Watched) -> None:
+        """Expose ``engine``'s state (its composed parts) at every scrape."""
+        self.registry.register(EngineCollector(engine))
 
     def exposition(self) -> bytes:
         """The Prometheus text format (0.0.4) of everything in this node's registry."""
@@ -176,34 +156,42 @@ class LoopHistogram:
 
 
 class LoopCollector:
-    """What the request path counts without prometheus-client's locks: appends' latency, answered requests."""
+    """What the append path observes without prometheus-client's locks: its latency."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        m = self.metrics
-        yield m.append_seconds.family()
-        requests = CounterMetricFamily(
-            "tiered_http_requests",
-            "HTTP requests answered, by route (the router's name for it, never the path) and status",
-            labels=["route", "status"],
-        )
-        for route, by_status in sorted(m.requests.items()):
-            for status, n in sorted(by_status.items()):
-                requests.add_metric([route, str(status)], n)
-        yield requests
-        yield disconnects_family(m.disconnects)
+        yield self.metrics.append_seconds.family()
 
 
-class NodeCollector:
-    """Gauges and lifetime counters read from the node's state when scraped."""
+class Watched(Protocol):
+    """The parts of an engine its collector reads (``tiered.engine.engine.Engine`` once composed)."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    config: Config
+    state: StreamState
+    reader: StreamReader
+    flusher: TimedFlusher
+    gc: GcRunner
+    store_health: StoreHealth
+    waiters: Waiters
+    log: SegmentLog
+    streams: StreamService
+    groups: GroupService
+    subscriptions: SubscriptionService
+    tenants: TenantService
+    gate: TenantGate
+    supervisor: Supervisor
+
+
+class EngineCollector:
+    """Gauges and lifetime counters read from the engine's state when scraped."""
+
+    def __init__(self, engine: Watched) -> None:
+        self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        node = self.node
+        node = self.engine
         state, reader, flusher, gc, store = node.state, node.reader, node.flusher, node.gc, node.store_health
 
         yield gauge(
@@ -315,20 +303,7 @@ class NodeCollector:
         yield from bucket_metric_families(
             state, node.tenants.state, node.tenants.counter, node.gate, node.config.metrics_max_buckets
         )
-
-
-def disconnects_family(disconnects: dict[tuple[str, str], int]) -> CounterMetricFamily:
-    """``tiered_http_client_disconnects_total{route,phase}`` (a single server's and a cluster node's)."""
-    family = CounterMetricFamily(
-        "tiered_http_client_disconnects",
-        "Requests whose client closed the connection: before the answer (phase=request: while sending its body "
-        "or waiting for a long-poll; not in tiered_http_requests_total) or during a streamed answer "
-        "(phase=response)",
-        labels=["route", "phase"],
-    )
-    for (route, phase), n in sorted(disconnects.items()):
-        family.add_metric([route, phase], n)
-    return family
+        yield from node.supervisor.families()
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -81,7 +81,9 @@ class TimedFlusher(ColdFlusher):
     would bury the passes that matter.
     """
 
-    pass_seconds: LatencyRecorder = NOT_RECORDED
+    def __init__(self, *args: Any, pass_seconds: LatencyRecorder = NOT_RECORDED, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pass_seconds = pass_seconds
 
     async def flush_once(self) -> int:
         with ExitStack() as observed:

@@ -4,7 +4,7 @@
   states here are built by applying ``StreamCreated``/``Appended`` records with
   fake ``(segment, position)`` locations, exactly as journal replay would.
 * ``new_object_key`` / ``key_time_ms``: ULID-style keys that sort by time.
-* The lifecycle tests run a real ``Node`` (journal, segment log,
+* The lifecycle tests run a real ``Engine`` (journal, segment log,
   LocalDirStore) on a temporary data dir with ``asyncio.run``: a copy started
   but never committed (a crash between ``ColdCopyStarted`` and the commit) is
   aborted by the next start and the data is flushed again under a new key; an
@@ -32,8 +32,8 @@ from tiered.core.config import Config
 from tiered.core.errors import ErrorCode
 from tiered.core.errors import TieredError as StreamError
 from tiered.engine.codec import Record, decode_record
+from tiered.engine.engine import Engine
 from tiered.engine.jobs.flush_plan import PieceToCopy, plan_flush, plan_hot_trims
-from tiered.engine.node import Node
 from tiered.engine.streams.model import AppendRequest, ColdSlice, CreateRequest, HotSlice, Stream
 from tiered.engine.streams.records import (
     Appended,
@@ -439,9 +439,13 @@ def make_config(data_dir: Path, **overrides: Any) -> Config:
 
 
 async def run_service(
-    config: Config, body: Callable[[Node], Awaitable[None]], *, run_flusher: bool = True, crash: bool = False
+    config: Config,
+    body: Callable[[Engine], Awaitable[None]],
+    *,
+    run_flusher: bool = True,
+    crash: bool = False,
 ) -> None:
-    svc = Node(config)
+    svc = Engine(config)
     await svc.start(jobs=False)
     if run_flusher:
         svc.start_jobs({"cold-flusher"})
@@ -454,16 +458,16 @@ async def run_service(
             await svc.stop()
 
 
-async def simulate_crash(svc: Node) -> None:
+async def simulate_crash(svc: Engine) -> None:
     """Stop like a SIGKILL after the last fsync: no shutdown snapshot, no flusher cleanup."""
-    await svc.tasks.stop()
+    await svc.supervisor.stop()
     await svc.deliveries.close()
     await svc.journal.close(None)  # everything acknowledged is already durable; no snapshot
     if svc.store is not None:
         await svc.store.close()
 
 
-async def write_streams(svc: Node, contents: dict[str, list[bytes]]) -> dict[str, bytes]:
+async def write_streams(svc: Engine, contents: dict[str, list[bytes]]) -> dict[str, bytes]:
     for path, records in contents.items():
         await svc.streams.create("default", path, CreateRequest(OCTET, None, None, None, False, b""))
         for data in records:
@@ -471,12 +475,12 @@ async def write_streams(svc: Node, contents: dict[str, list[bytes]]) -> dict[str
     return {path: b"".join(records) for path, records in contents.items()}
 
 
-async def read_stream(svc: Node, path: str) -> bytes:
+async def read_stream(svc: Engine, path: str) -> bytes:
     s = svc.streams.lookup("default", path)
     return await svc.streams.read(s, 0, svc.streams.view(s).tail)
 
 
-def slice_kinds(svc: Node, path: str) -> set[str]:
+def slice_kinds(svc: Engine, path: str) -> set[str]:
     s = svc.streams.lookup("default", path)
     return {type(sl).__name__ for sl in svc.state.plan_read(s, 0, s.tail)}
 
@@ -504,7 +508,7 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(
     orphan = new_object_key(int(time.time() * 1000))
     expected: dict[str, bytes] = {}
 
-    async def first_life(svc: Node) -> None:
+    async def first_life(svc: Engine) -> None:
         expected.update(await write_streams(svc, CONTENTS))
         ranges = tuple(CopyRange(s.uid, s.cold_end, s.tail) for s in svc.state.streams.values())
         await svc.committer.commit(
@@ -517,7 +521,7 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(
     asyncio.run(run_service(config, first_life, run_flusher=False, crash=shutdown == "crash"))
 
     # Replay (crash: from the journal; clean: from the shutdown snapshot) remembers the copy in flight.
-    recovered = Node(config)
+    recovered = Engine(config)
     state = recovered.journal.recover()
     recovered.journal.log.close()
     assert list(state.copies_in_flight) == [orphan]
@@ -525,7 +529,7 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(
 
     new_keys: list[str] = []
 
-    async def second_life(svc: Node) -> None:
+    async def second_life(svc: Engine) -> None:
         # Startup aborts the interrupted copy before any flush pass (the interval is 30 s).
         await wait_for(lambda: not svc.state.copies_in_flight, what="the interrupted copy to be aborted")
         assert svc.state.cold_objects == {}
@@ -558,7 +562,7 @@ def test_copy_interrupted_before_commit_is_aborted_and_redone_under_a_new_key(
         i for i, r in enumerate(records) if isinstance(r, ColdCopyCommitted)
     )
 
-    async def third_life(svc: Node) -> None:
+    async def third_life(svc: Engine) -> None:
         assert not svc.state.copies_in_flight
         assert sorted(svc.state.cold_objects) == sorted(new_keys)
         for path, data in expected.items():
@@ -601,7 +605,7 @@ def test_upload_failure_journals_abort_keeps_hot_data_and_a_later_pass_succeeds(
     expected: dict[str, bytes] = {}
     seen: list[Record] = []
 
-    async def body(svc: Node) -> None:
+    async def body(svc: Engine) -> None:
         flusher = svc.flusher
         expected.update(await write_streams(svc, CONTENTS))
         commit_records = svc.committer.commit
@@ -648,11 +652,11 @@ def test_background_flusher_backs_off_and_recovers_from_an_outage(tmp_path: Path
     """The run loop survives failed passes (counted, last_error kept) and flushes once the store is back."""
     config = make_config(tmp_path / "data", flush_interval_s=0.05)
 
-    async def body(svc: Node) -> None:
+    async def body(svc: Engine) -> None:
         flusher = svc.flusher
         flaky = FlakyStore(flusher.store)
         flusher.store = flaky
-        svc.tasks.start("cold-flusher", flusher.run)  # stop() cancels it
+        svc.supervisor.start("cold-flusher", flusher.run)  # stop() cancels it
         expected = await write_streams(svc, CONTENTS)
         await wait_for(lambda: flusher.failures >= 1, what="a failed pass")
         assert flusher.last_error and "injected outage" in flusher.last_error
@@ -675,7 +679,7 @@ def test_background_flusher_backs_off_and_recovers_from_an_outage(tmp_path: Path
 def test_cold_read_during_an_outage_is_a_prompt_503(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data", read_cache_bytes=0)
 
-    async def body(svc: Node) -> None:
+    async def body(svc: Engine) -> None:
         flusher = svc.flusher
         expected = await write_streams(svc, CONTENTS)
         await flusher.flush_once()
@@ -703,7 +707,7 @@ def test_idle_server_frees_sealed_segments_once_their_data_is_cold(tmp_path: Pat
     config = make_config(tmp_path / "data")
     hot = config.data_path / "hot"
 
-    async def body(svc: Node) -> None:
+    async def body(svc: Engine) -> None:
         flusher = svc.flusher
         for i in range(4):
             await svc.streams.create("default", f"s{i}", CreateRequest(OCTET, None, None, None, False, b""))
@@ -745,7 +749,7 @@ class GatedGets:
 def test_read_stitching_cold_and_hot_survives_the_hot_segment_being_deleted_meanwhile(tmp_path: Path) -> None:
     config = make_config(tmp_path / "data", read_cache_bytes=0)
 
-    async def body(svc: Node) -> None:
+    async def body(svc: Engine) -> None:
         flusher = svc.flusher
         first, second = bytes(range(256)) * 400, bytes(range(255, -1, -1)) * 400
         await write_streams(svc, {"s": [first], "filler": []})

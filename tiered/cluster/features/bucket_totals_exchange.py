@@ -1,18 +1,19 @@
 """Publishing and reading every shard's usage summary, so quotas hold per bucket (the shell of ``usage.py``).
 
+Each shard's quota gate reads the other shards' usage through
+``others_of(shard)``, given to its engine's constructor as the
+``quota_others`` hook (``tiered/cluster/compose.py``): live for the shards
+served here, as published for the rest.
+
 One pass (``exchange``) every ``cluster_usage_interval_s``:
 
-1. hand every served shard's quota gate its "others" input (the other
-   shards' usage: live for the shards served here, published for the rest;
-   ``ClusterEngine`` already did at the engine's start);
-2. list the summaries and read the ones whose ETag changed (until the first
+1. list the summaries and read the ones whose ETag changed (until the first
    complete read, writes a size quota governs are refused with a retry hint);
-3. for each shard this node may acknowledge in, publish its per-bucket
+2. for each shard this node may acknowledge in, publish its per-bucket
    (streams, retained bytes) when they changed since its last publication
    (a compare-and-set on the object's ETag, so two holders during a handoff
    never interleave half-written bodies; a lost race is settled next pass).
-
-4. exchange the catch-up reads this node answered from the store for
+3. exchange the catch-up reads this node answered from the store for
    streams other nodes own (``tiered/cluster/gateway/cold_reads.py``; their owners never see them):
    running totals per bucket in ``served/<node>.json``, continued from that
    object after a restart; ``GET /v1/admin/usage`` adds every node's totals
@@ -54,7 +55,7 @@ from tiered.cluster.features.bucket_totals import (
 from tiered.cluster.membership.cas import CasError, CasStore
 from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 
 __all__ = ["UsageExchange"]
 
@@ -67,7 +68,7 @@ class UsageExchange:
         store: CasStore,
         node_id: str,
         clock: Clock,
-        engines: Callable[[], Mapping[int, Node]],
+        engines: Callable[[], Mapping[int, Engine]],
         may_publish: Callable[[int], bool],
         *,
         interval_s: float,
@@ -85,7 +86,6 @@ class UsageExchange:
         self.read_once = False  # every summary was read at least once (until then: no size decisions)
         self._mine: dict[int, tuple[str, dict[str, tuple[int, int]]]] = {}  # shard -> (etag, buckets)
         self._seen: dict[int, str] = {}  # shard -> etag of the summary read
-        self._attached: dict[int, Node] = {}
         # Catch-up reads this node served from the store (other nodes' streams): counted here, published
         # as running totals (``served/<node>.json``), continued from that object after a restart.
         self._served_new: dict[str, list[int]] = {}  # bucket -> [reads, egress bytes] not yet in a base
@@ -114,17 +114,6 @@ class UsageExchange:
             return self.board.others(bucket, shard, self.live())
 
         return others
-
-    def attach_engine(self, shard: int, engine: Node) -> None:
-        """Give one shard's gate its view of the other shards (at its engine's start, before it serves)."""
-        if self._attached.get(shard) is not engine:
-            engine.gate.others = self.others_of(shard)
-            self._attached[shard] = engine
-
-    def attach(self) -> None:
-        """Give every served shard's gate its view of the other shards (idempotent)."""
-        for shard, engine in self.engines().items():
-            self.attach_engine(shard, engine)
 
     def count_served(self, bucket: str, egress_bytes: int, request_counted: bool = False) -> None:
         """One catch-up read answered here from the store for a stream another node owns.
@@ -188,7 +177,6 @@ class UsageExchange:
 
     async def exchange(self) -> None:
         """One pass: read the others' summaries, then publish ours (each goes on if the other failed)."""
-        self.attach()
         ok = True
         try:
             await self._read()

@@ -21,7 +21,7 @@ with a retry hint, never a plan on partial knowledge (which would drop the
 cursors of the streams it could not see).
 
 Members read and long-poll their streams through any node, forwarded to
-each stream's owner like any client (``tiered/cluster/gateway/shard_routing.py``).
+each stream's owner like any client (``tiered/cluster/gateway/shard_router.py``).
 The other shards answer through the node route
 ``GET /v1/cluster/shards/{shard}/streams?bucket=B`` (signed by the asking node with the cluster secret: ``tiered/cluster/membership/secret.py``).
 """
@@ -40,7 +40,7 @@ from tiered.engine.streams.model import Stream
 from tiered.engine.streams.state import StreamState
 
 if TYPE_CHECKING:
-    from tiered.engine.node import Node
+    from tiered.engine.engine import Engine
 
 __all__ = [
     "MAX_AGE_S",
@@ -183,6 +183,6 @@ class ShardDirectory:
             return rows
 
 
-def engine_listing(engine: Node, bucket: str) -> Listing:
+def engine_listing(engine: Engine, bucket: str) -> Listing:
     """One served engine's live streams of ``bucket``, their tails as readers see them."""
     return listing(engine.state, lambda s: engine.visibility.view(s).tail, bucket, engine.clock.now_ms())

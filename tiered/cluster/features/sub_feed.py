@@ -7,7 +7,8 @@ shards reach it through a *feed*, so the state machine and its journal stay
 as they are:
 
 * **Sender** (``FeedSender``, one per served shard other than the
-  subscriptions' shard): a commit observer marks the default bucket's paths
+  subscriptions' shard, built with its engine as an ``Extension``: its loop is
+  one of the engine's supervised jobs, ``subscription-feed``): a commit observer marks the default bucket's paths
   whose streams changed (created, appended, retained, deleted, expired); a
   loop posts them, coalesced, with each one's uid and *visible*
   (acknowledged) tail, its first and retained offsets when retention moved
@@ -20,7 +21,7 @@ as they are:
   receiver learns every shard's streams within that. While no subscription
   exists, posts are coalesced over ``IDLE_COALESCE_S`` (about one post per
   shard per 100 ms under load, instead of one per append).
-* **Receiver** (``FeedTable``, on the subscriptions' shard's engine): the
+* **Receiver** (``FeedTable``, the ``remote_streams`` hook of the subscriptions' shard's engine): the
   reported streams, in memory (every fact in it is durable in its own shard
   and reported again after a restart). It is the remote half of the
   ``CombinedStreams`` the subscription service reads, and each change it
@@ -59,11 +60,12 @@ import msgspec
 
 from tiered.api.kit.types import Request, Response, json_response
 from tiered.cluster.gateway.routing import SUBSCRIPTIONS_KEY
-from tiered.cluster.gateway.subrequest import Sign, internal_request, system_request
+from tiered.cluster.gateway.subrequest import TARGET_SHARD, Sign, internal_request, system_request
 from tiered.cluster.membership.secret import SIGNATURE_HEADER, target_of
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
+from tiered.engine.hooks import EngineHooks, EngineView, Extension
 from tiered.engine.streams.records import (
     Appended,
     BucketErased,
@@ -72,6 +74,7 @@ from tiered.engine.streams.records import (
     StreamDeleted,
     StreamExpired,
 )
+from tiered.engine.streams.state import StreamState
 from tiered.engine.subscriptions.state import is_reserved, retained_of
 
 __all__ = ["FEED_PATH", "FEED_SYNC_PATH", "FeedSender", "FeedTable", "SubscriptionFeeds", "defines_links"]
@@ -82,14 +85,10 @@ FEED_PATH = "/v1/stream/__ds/_cluster/feed"
 #: ``POST`` with ``Tiered-Shard: <n>``: shard n's sender posts now (and waits for writes again), answered after.
 FEED_SYNC_PATH = "/v1/_cluster/feed-sync"
 _SUBSCRIPTIONS = "/v1/stream/__ds/subscriptions/"
-TARGET_SHARD = (
-    "Tiered-Shard"  # as ``tiered.cluster.gateway.shard_routing.TARGET_SHARD`` (which imports this module)
-)
 HEARTBEAT_S = 1.0
 IDLE_COALESCE_S = 0.1
 NOTIFY_TIMEOUT_S = 2.0
 _RETRY_S = 0.5
-_SUPERVISE_S = 0.2
 
 Send = Callable[[Request, int], Awaitable[Response]]
 
@@ -184,7 +183,7 @@ class FeedTable:
         return changes
 
 
-async def receive(engine: Node, table: FeedTable, batch: FeedBatch) -> FeedAnswer:
+async def receive(engine: Engine, table: FeedTable, batch: FeedBatch) -> FeedAnswer:
     """Apply a batch on the subscriptions' shard: each change decided and committed in turn."""
     subs = engine.subscriptions
     future: asyncio.Future[None] | None = None
@@ -208,8 +207,8 @@ def _watched(path: str) -> bool:
 class FeedObserver:
     """Commit observer on a shard's engine: marks the default bucket's paths whose streams changed."""
 
-    def __init__(self, engine: Node, mark: Callable[[str | None], None]) -> None:
-        self.state = engine.state
+    def __init__(self, state: StreamState, mark: Callable[[str | None], None]) -> None:
+        self.state = state
         self.mark = mark
 
     def before_apply(self, record: Any) -> object:
@@ -257,12 +256,16 @@ class FeedObserver:
 
 
 class FeedSender:
-    """Reports one shard's streams to the subscriptions' shard (see the module docstring)."""
+    """Reports one shard's streams to the subscriptions' shard (see the module docstring).
+
+    Built with the shard's engine (``engine`` is what it sees of it); ``observer``
+    goes into the engine's committer and ``run`` is a job of the engine's supervisor.
+    """
 
     def __init__(
         self,
         shard: int,
-        engine: Node,
+        engine: EngineView,
         send: Send,
         target: Callable[[], int],
         sign: Sign | None = None,
@@ -276,11 +279,10 @@ class FeedSender:
         self.full = True
         self.instance: str | None = None
         self.active = True  # until the receiver says otherwise
+        self.running = False  # while ``run`` loops (no post can start otherwise: nobody waits for one)
         self._kick = asyncio.Event()
         self._next: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.observer = FeedObserver(engine, self.mark)
-        engine.committer.observers.append(self.observer)
-        self.task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._run())
+        self.observer = FeedObserver(engine.state, self.mark)
 
     def mark(self, path: str | None) -> None:
         if path is None:
@@ -291,7 +293,7 @@ class FeedSender:
 
     async def notified(self) -> None:
         """Wait (bounded) for a post that starts after now, if the receiver has subscriptions."""
-        if not self.active or self.task.done():
+        if not self.active or not self.running:
             return
         waiting = self._next
         self._kick.set()
@@ -300,14 +302,17 @@ class FeedSender:
         except (TimeoutError, Exception):
             return
 
-    def close(self) -> None:
-        if self.observer in self.engine.committer.observers:
-            self.engine.committer.observers.remove(self.observer)
-        self.task.cancel()
-        if not self._next.done():
-            self._next.set_result(None)
+    async def run(self) -> None:
+        """Post until cancelled (the engine stops); a waiting write is released when it ends."""
+        self.running = True
+        try:
+            await self._loop()
+        finally:
+            self.running = False
+            if not self._next.done():
+                self._next.set_result(None)
 
-    async def _run(self) -> None:
+    async def _loop(self) -> None:
         while True:
             try:
                 await asyncio.wait_for(self._kick.wait(), HEARTBEAT_S)
@@ -345,7 +350,7 @@ class FeedSender:
             if s is None or s.soft_deleted or s.expired(now):
                 gone.append(path)
             else:
-                streams.append((path, s.uid, self.engine.streams.view(s).tail))
+                streams.append((path, s.uid, self.engine.visible_tail(s)))
                 if s.retained_from > 0:
                     retained.append((path, *retained_of(s)))
         return FeedBatch(self.shard, self.instance, full, streams, gone, retained), dirty, full
@@ -393,75 +398,57 @@ def defines_links(method: str, path: str) -> bool:
 
 
 class SubscriptionFeeds:
-    """Every feed of this node: a sender per served shard, a table on the subscriptions' shard."""
+    """Every feed of this node: a sender per served shard, a table on the subscriptions' shard.
+
+    ``hooks(shard)`` is what each shard's engine gets at construction (the
+    receiver's table and wake appends on the subscriptions' shard, a sender on
+    every other); ``send`` is shard routing's (``ShardRouter.send``).
+    """
+
+    feed_path = FEED_PATH
+    sync_path = FEED_SYNC_PATH
 
     def __init__(
         self,
         shard_count: Callable[[], int],
         shard_of: Callable[[str, str], int],
         auth_required: bool,
+        send: Send,
+        sign: Sign | None,
     ) -> None:
         self.shard_count = shard_count
-        self.sign: Sign | None = (
-            None  # set by shard routing: this node's signature (``tiered/cluster/membership/secret.py``)
-        )
         self.shard_of = shard_of
         self.auth_required = auth_required
-        self.send: Send | None = None
-        self.senders: dict[int, FeedSender] = {}
-        self.tables: dict[int, tuple[Node, FeedTable]] = {}
+        self.send = send
+        self.sign = sign  # this node's signature (``tiered/cluster/membership/secret.py``)
+        self.senders: dict[int, FeedSender] = {}  # the latest engine's sender of each shard
 
     def target(self) -> int:
         return self.shard_of(*SUBSCRIPTIONS_KEY)
 
-    def ensure(self, shard: int, engine: Node) -> None:
-        """Attach the feed's part to ``engine`` (serving ``shard`` here) if it does not have it yet."""
-        if self.send is None:
-            return
+    def hooks(self, shard: int) -> EngineHooks:
+        """The feed's part of ``shard``'s engine, given to the engine's constructor."""
         if shard == self.target():
-            known = self.tables.get(shard)
-            if known is None or known[0] is not engine:
-                table = FeedTable()
-                self.tables[shard] = (engine, table)
-                engine.subscriptions.remote_streams = table
-                engine.deliveries.remote_append = self.remote_append
-            return
+            return EngineHooks(remote_streams=FeedTable(), remote_append=self.remote_append)
+        return EngineHooks(extensions=(lambda view: self._sender(shard, view),))
+
+    def _sender(self, shard: int, view: EngineView) -> Extension:
+        sender = self.senders[shard] = FeedSender(shard, view, self.send, self.target, self.sign)
+        return Extension(observers=(sender.observer,), jobs={"subscription-feed": sender.run})
+
+    def _sender_of(self, shard: int, engine: Engine) -> FeedSender | None:
         sender = self.senders.get(shard)
-        if sender is not None and sender.engine is engine:
-            return
-        if sender is not None:
-            sender.close()
-        self.senders[shard] = FeedSender(shard, engine, self.send, self.target, self.sign)
+        return sender if sender is not None and sender.engine.state is engine.state else None
 
-    def supervise(self, engines: dict[int, Node]) -> None:
-        """Feeds for the engines served now; the ones of engines gone are closed."""
-        for shard, engine in list(engines.items()):
-            self.ensure(shard, engine)
-        for shard in [s for s, sender in self.senders.items() if engines.get(s) is not sender.engine]:
-            self.senders.pop(shard).close()
-        for shard in [s for s, (engine, _) in self.tables.items() if engines.get(s) is not engine]:
-            del self.tables[shard]
+    def defines_links(self, method: str, path: str) -> bool:
+        return defines_links(method, path)
 
-    async def run(self, engines: Callable[[], dict[int, Node]], stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.supervise(engines())
-            except TieredError:
-                pass  # not joined yet
-            try:
-                await asyncio.wait_for(stop.wait(), _SUPERVISE_S)
-            except TimeoutError:
-                pass
-        for sender in self.senders.values():
-            sender.close()
-        self.senders.clear()
-
-    async def after_write(self, shard: int, key: tuple[str, str] | None) -> None:
+    async def after_write(self, shard: int, engine: Engine, key: tuple[str, str] | None) -> None:
         """A write in ``shard`` was acknowledged: wait (bounded) until the subscriptions' shard heard of it.
 
         ``key``: the write's shard key (``routing.shard_key`` of its parsed target).
         """
-        sender = self.senders.get(shard)
+        sender = self._sender_of(shard, engine)
         if sender is None:
             return
         if key is None or key[0] != DEFAULT_BUCKET or not _watched(key[1]):
@@ -472,7 +459,7 @@ class SubscriptionFeeds:
         """A node's signed call (``call``), or anyone when auth is off."""
         return call is not None or not self.auth_required
 
-    async def handle(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
+    async def handle(self, shard: int, engine: Engine, request: Request, call: object | None) -> Response:
         """``POST FEED_PATH`` on the subscriptions' shard (served here)."""
         if request.method != "POST":
             raise TieredError(ErrorCode.METHOD_NOT_ALLOWED, "the feed takes POST", allow="POST")
@@ -484,11 +471,10 @@ class SubscriptionFeeds:
             raise TieredError(ErrorCode.BAD_REQUEST, f"bad feed batch: {exc}") from None
         except msgspec.DecodeError as exc:
             raise TieredError(ErrorCode.BAD_REQUEST, f"bad feed batch: {exc}") from None
-        self.ensure(shard, engine)
-        known = self.tables.get(shard)
-        if known is None or known[0] is not engine:
+        table = engine.hooks.remote_streams
+        if not isinstance(table, FeedTable):
             raise TieredError(ErrorCode.SHARD_NOT_OWNED, "not the subscriptions' shard", retry_after_s=1)
-        answer = await receive(engine, known[1], batch)
+        answer = await receive(engine, table, batch)
         return json_response(msgspec.to_builtins(answer))
 
     async def barrier(self) -> None:
@@ -498,8 +484,6 @@ class SubscriptionFeeds:
         before, so it links what clients wrote before it at their tails;
         after, so the other shards' writes wait for their reports from then on.
         """
-        if self.send is None:
-            return
         send, target = self.send, self.target()
         headers = {"Content-Type": "application/json"}
 
@@ -515,12 +499,11 @@ class SubscriptionFeeds:
         shards = [s for s in range(self.shard_count()) if s != target]
         await asyncio.gather(*(one(s) for s in shards))
 
-    async def sync(self, shard: int, engine: Node, request: Request, call: object | None) -> Response:
+    async def sync(self, shard: int, engine: Engine, request: Request, call: object | None) -> Response:
         """``POST FEED_SYNC_PATH`` for ``shard``, served here: post now, then answer."""
         if not self._authorized(call):
             raise TieredError(ErrorCode.FORBIDDEN, "the subscription feed is for the cluster's nodes")
-        self.ensure(shard, engine)
-        sender = self.senders.get(shard)
+        sender = self._sender_of(shard, engine)
         if sender is not None:
             sender.active = True  # until the post's answer says whether subscriptions exist
             await sender.notified()
@@ -528,8 +511,6 @@ class SubscriptionFeeds:
 
     async def remote_append(self, path: str, event: bytes) -> bool:
         """Append a wake event to another shard's stream; False: try again later."""
-        if self.send is None:
-            return False
         url = "/v1/stream/" + quote(path, safe="/")
         try:
             response = await self.send(

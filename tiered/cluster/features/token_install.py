@@ -3,7 +3,7 @@
 Every shard's engine authenticates the requests to its streams against its
 own token table, so every shard must hold every token. The token routes
 (``/v1/admin/tokens...``) are served here, by the node the client reached
-(``tiered/cluster/gateway/shard_routing.py`` sends them here):
+(``tiered/cluster/gateway/shard_router.py`` sends them here):
 
 * **issue** (``POST``): the operator's credential is checked here as on a
   single server; the secret is minted here, once; the record (id, SHA-256 of
@@ -86,6 +86,16 @@ class ClusterTokens:
         self._guard: AdminGuard | None = None
         self.sub = sub
         self.send = send
+
+    def owns(self, path: str) -> bool:
+        """A token route: served by this node, not by one shard's engine."""
+        return is_token_path(path)
+
+    def label(self, path: str) -> str:
+        """The metrics label of a token route this node serves itself (no engine's router names it)."""
+        if path == TOKENS_PATH:
+            return TOKENS_PATH
+        return TOKENS_PATH + ("/{id}/rotate" if path.endswith("/rotate") else "/{id}")
 
     @property
     def guard(self) -> AdminGuard:

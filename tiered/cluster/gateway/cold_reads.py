@@ -104,6 +104,8 @@ class CatchupReads:
         cache_bytes: int,
         read_timeout_s: float,
         cache_entries: int = 4096,
+        authenticate: Callable[[str | None], object] | None = None,
+        on_served: Callable[[str, int, bool], None] | None = None,
     ) -> None:
         self.clock = clock
         self.node_id = node_id
@@ -115,10 +117,10 @@ class CatchupReads:
         self.counters = {"served": 0, "locators": 0, "owner_answered": 0, "integrity_errors": 0}
         # Checks the caller's credential here before a cached locator serves it (raises 401 for a token
         # revoked since the locator was issued: every shard holds every token, ``tokens.py``).
-        self.authenticate: Callable[[str | None], object] | None = None
+        self.authenticate = authenticate
         # Counts each read answered here in its bucket's usage: (bucket, bytes, whether the owner already
         # counted the request: it did when it gave the locator for this very read, but sent no bytes).
-        self.on_served: Callable[[str, int, bool], None] | None = None
+        self.on_served = on_served
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "cached": len(self.cache), "expired": self.cache.expired}

@@ -10,7 +10,7 @@ hint instead and the client's retry finds the converged owner.
 
 A failure says whether the request may have reached the owner
 (``ForwardFailed.sent``): a refused or timed-out connection means it did not.
-The caller (``tiered/cluster/gateway/shard_routing.py``) re-resolves the owner and retries
+The caller (``tiered/cluster/gateway/shard_router.py``) re-resolves the owner and retries
 what is safe to send twice (``idempotent``: reads, producer appends) and what
 was never sent; anything else is a 503 the client retries, the outcome unknown.
 """

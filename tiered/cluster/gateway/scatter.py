@@ -5,7 +5,7 @@ engine. In cluster mode each shard's engine knows only its own streams and
 groups, so the node the client reached sends one sub-request per shard
 (``Tiered-Shard: n``, served by that shard's engine wherever it is: here or
 forwarded to the owner) and merges the answers into the body a single
-server gives (``tiered/cluster/gateway/shard_routing.py`` is the shell):
+server gives (``tiered/cluster/gateway/shard_router.py`` is the shell):
 
 | Request | Merge |
 |---|---|

@@ -5,8 +5,10 @@ fork's create, when a release failed (the source's owner unreachable at that
 moment), or when the fork expired or its bucket was erased. Left alone, it
 keeps the source's data and turns a delete of the source into a soft delete.
 
-Each node, every ``cluster_fork_pin_sweep_s``, looks at the pins in the shards
-it serves that are older than ``cluster_fork_pin_grace_s`` (far longer than a
+``PinSweep`` is a GC task of each shard's engine (``tiered/gc/runner.py``, a
+hook of the engine: ``tiered/cluster/compose.py``): every
+``cluster_fork_pin_sweep_s`` (its own period) it looks at the pins in its shard
+that are older than ``cluster_fork_pin_grace_s`` (far longer than a
 fork's creation takes, so a pin whose fork is still being created is never
 taken for an orphan), reads the fork's address back from the pin's name,
 asks for the fork (``HEAD`` through shard routing) and deletes the pin when
@@ -21,7 +23,6 @@ cluster secret, is answered 401 with authentication on: nothing is deleted.)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -30,9 +31,9 @@ from tiered.api.kit.types import Request, Response
 from tiered.cluster.features.xfork import PIN_PREFIX, pinned_fork, stream_url
 from tiered.cluster.gateway.subrequest import Sign, system_request
 from tiered.core.errors import TieredError
-from tiered.engine.node import Node
+from tiered.gc.context import GcContext, GcPass
 
-__all__ = ["PinSweeper"]
+__all__ = ["PinSweep"]
 
 log = logging.getLogger(__name__)
 
@@ -46,61 +47,53 @@ class SweepSettings(Protocol):
     cluster_fork_pin_sweep_s: float
 
 
-class PinSweeper:
+class PinSweep:
+    """The GC task of one shard's engine that deletes the pins in it whose fork is gone."""
+
+    name = "fork_pins"
+
     def __init__(
         self,
-        engines: Callable[[], dict[int, Node]],
+        shard: int,
         shard_of: Callable[[str, str], int],
         settings: SweepSettings,
+        send: Send,
+        sign: Sign | None,
     ) -> None:
-        self.engines = engines
+        self.shard = shard
         self.shard_of = shard_of
-        self.settings = settings
-        self.send: Send | None = None
-        self.sign: Sign | None = (
-            None  # set by shard routing: this node's signature (``tiered/cluster/membership/secret.py``)
-        )
+        self.grace_ms = int(settings.cluster_fork_pin_grace_s * 1000)
+        self.every_s = settings.cluster_fork_pin_sweep_s
+        self.send = send  # shard routing's (``ShardRouter.send``)
+        self.sign = sign  # this node's signature (``tiered/cluster/membership/secret.py``)
         self.swept = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.cluster_fork_pin_sweep_s)
-            except TimeoutError:
-                pass
-            if stop.is_set():
-                return
-            try:
-                await self.sweep_once()
-            except Exception:
-                log.exception("sweeping fork pins failed; the next pass tries again")
+    async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
+        if not gc_pass.dry_run:
+            await self.sweep_once(ctx)
 
-    async def sweep_once(self) -> int:
-        """One pass over the shards served here; how many pins it deleted."""
-        if self.send is None:
-            return 0
+    async def sweep_once(self, ctx: GcContext) -> int:
+        """One pass over the shard's pins; how many it deleted."""
+        state, now = ctx.state, ctx.clock.now_ms()
+        pins: list[tuple[str, str]] = []
+        for (bucket, path), uid in state.paths.items():
+            if not path.startswith(PIN_PREFIX):
+                continue
+            s = state.streams.get(uid)
+            if s is not None and not s.soft_deleted and now - s.created_ms >= self.grace_ms:
+                pins.append((bucket, path))
+            if len(pins) >= MAX_PER_PASS:
+                break
         deleted = 0
-        grace_ms = int(self.settings.cluster_fork_pin_grace_s * 1000)
-        for shard, engine in list(self.engines().items()):
-            state, now = engine.state, engine.clock.now_ms()
-            pins: list[tuple[str, str]] = []
-            for (bucket, path), uid in state.paths.items():
-                if not path.startswith(PIN_PREFIX):
-                    continue
-                s = state.streams.get(uid)
-                if s is not None and not s.soft_deleted and now - s.created_ms >= grace_ms:
-                    pins.append((bucket, path))
-                if len(pins) >= MAX_PER_PASS:
-                    break
-            for bucket, pin in pins:
-                if await self._orphan(pin) and await self._delete(shard, bucket, pin):
-                    deleted += 1
+        for bucket, pin in pins:
+            if await self._orphan(pin) and await self._delete(bucket, pin):
+                deleted += 1
         self.swept += deleted
         return deleted
 
     async def _orphan(self, pin: str) -> bool:
         fork = pinned_fork(pin)
-        if fork is None or self.send is None:
+        if fork is None:
             return False
         try:
             found = await self.send(
@@ -110,10 +103,11 @@ class PinSweeper:
             return False
         return found.status == 404
 
-    async def _delete(self, shard: int, bucket: str, pin: str) -> bool:
-        assert self.send is not None
+    async def _delete(self, bucket: str, pin: str) -> bool:
         try:
-            gone = await self.send(system_request(self.sign, "DELETE", stream_url(bucket, pin), {}), shard)
+            gone = await self.send(
+                system_request(self.sign, "DELETE", stream_url(bucket, pin), {}), self.shard
+            )
         except TieredError:
             return False
         if gone.status in (204, 404):

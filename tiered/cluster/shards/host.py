@@ -1,7 +1,7 @@
 """One storage engine per shard this node serves: its own journal, hot segments and cold prefix.
 
 Phase 2, step 1. A shard is the unit that moves between nodes, so it owns
-everything a single-node server owns: ``ShardHost`` runs one ``tiered.engine.node.Node``
+everything a single-node server owns: ``ShardHost`` runs one ``tiered.engine.engine.Engine``
 per served shard with
 
 * its journal, hot segments and snapshots under ``<data dir>/shards/<shard>/``;
@@ -15,6 +15,12 @@ per served shard with
 It is the ``ShardHooks`` of a ``ClusterNode``: ``prepare`` decides whether this
 node can serve the shard, ``serve`` recovers and starts its engine, ``flush``
 makes it durable before a handoff, ``stopped`` closes it.
+
+Engines are built by ``engine_factory(shard, config, clock, shipper)``: the
+cluster's composition (``tiered/cluster/compose.py``) gives each its
+``EngineHooks``; in object-store durability the shard's ``WalShipper`` is
+built first (restored from the chain) and handed over, so its ship loop and
+its GC run as the engine's job and GC task.
 
 Local durability keeps a shard's acknowledged writes on the disk of the node
 that wrote them, so this node serves a shard only if it was the shard's last
@@ -31,20 +37,37 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tiered.cluster.membership import keys
+from tiered.cluster.membership.cas import CasStore
 from tiered.cluster.membership.manifest import ManifestEntry
-from tiered.cluster.membership.node_shell import ClusterNode
 from tiered.cluster.shards.takeover import decode_grant, grant_allows
-from tiered.cluster.shards.wal import WalShipper, restore
-from tiered.cluster.shards.wal_index import WalIndex
+from tiered.cluster.shards.wal import Chain, WalShipper, restore
 from tiered.cold.objects.store import ObjectStore
 from tiered.core.clock import Clock, SystemClock
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.node import Node
+from tiered.engine.engine import Engine
 
-__all__ = ["ShardHost", "shard_config"]
+__all__ = ["EngineFactory", "ShardHost", "WalSetup", "plain_engine", "shard_config"]
+
+#: (shard, its config, clock, its WAL shipper in object-store durability) -> the shard's engine.
+EngineFactory = Callable[[int, Config, Clock, WalShipper | None], Engine]
+
+
+def plain_engine(shard: int, config: Config, clock: Clock, shipper: WalShipper | None) -> Engine:
+    """A single server's engine per shard (no cluster hooks): for tests of the host alone."""
+    return Engine(config, clock)
+
+
+@dataclass(frozen=True, slots=True)
+class WalSetup:
+    """Object-store durability: the shared store (WAL objects) and the shards' manifest chains."""
+
+    store: ObjectStore
+    chain: Chain
+
 
 log = logging.getLogger(__name__)
 
@@ -71,24 +94,26 @@ class ShardHost:
         clock: Clock | None = None,
         *,
         jobs: bool = True,
-        engine_factory: Callable[[Config, Clock], Node] = Node,
-        object_store: bool = False,
+        engine_factory: EngineFactory = plain_engine,
+        cas: CasStore | None = None,
+        wal: WalSetup | None = None,
     ) -> None:
+        """``cas``: where operators' takeover grants are read (local durability); ``wal``: object-store
+        durability (every acknowledged write in a WAL object, one shipper per shard: ``wal.py``)."""
         self.base = base
         self.node_id = node_id
         self.clock: Clock = clock or SystemClock()
         self.jobs = jobs
         self.engine_factory = engine_factory
-        self.engines: dict[int, Node] = {}
+        self.engines: dict[int, Engine] = {}
         self.epochs: dict[int, int] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        # Object-store durability (``wal.py``): the shared store, the cluster node and one shipper per shard.
-        self.object_store = object_store
-        self.store: ObjectStore | None = None
-        self.cluster: ClusterNode | None = None
+        self.cas = cas
+        self.wal = wal
+        self.object_store = wal is not None
         self.shippers: dict[int, WalShipper] = {}
 
-    def engine(self, shard: int) -> Node:
+    def engine(self, shard: int) -> Engine:
         """The engine serving ``shard`` here; the cluster's ``may_acknowledge`` gates its writes."""
         node = self.engines.get(shard)
         if node is None:
@@ -124,9 +149,9 @@ class ShardHost:
 
     async def _granted(self, shard: int, latest: ManifestEntry) -> bool:
         """An operator granted this node the shard at exactly ``latest`` (``tiered cluster take-over``)."""
-        if self.cluster is None:
+        if self.cas is None:
             return False
-        found = await self.cluster.store.get(keys.takeover_key(shard))
+        found = await self.cas.get(keys.takeover_key(shard))
         if found is None:
             return False
         try:
@@ -142,31 +167,20 @@ class ShardHost:
             self.epochs[shard] = epoch
             shipper = self.shippers.get(shard)
             if shipper is not None:
-                shipper.epoch = epoch
+                shipper.renew(epoch)
             return
         config = shard_config(self.base, shard)
         config.data_path.mkdir(parents=True, exist_ok=True)
-        index: WalIndex | None = None
-        if self.object_store:
-            assert self.store is not None and self.cluster is not None
+        shipper = None
+        if self.wal is not None:
             # The store holds the truth; the local directory is a cache, rebuilt from the chain.
-            index = await restore(self.store, self.cluster.store, shard, config.data_path)
-        node = self.engine_factory(config, self.clock)
-        try:
-            await node.start(jobs=self.jobs)
-        except BaseException:
-            await node.stop()
-            raise
-        self.engines[shard] = node
-        self.epochs[shard] = epoch
-        if index is not None:
-            assert self.store is not None and self.cluster is not None
+            index = await restore(self.wal.store, self.wal.chain.store, shard, config.data_path)
             shipper = WalShipper(
                 shard,
                 epoch,
                 config.data_path,
-                self.store,
-                self.cluster,
+                self.wal.store,
+                self.wal.chain,
                 index,
                 self.clock,
                 interval_s=self.base.cluster_wal_interval_ms / 1000,
@@ -174,7 +188,15 @@ class ShardHost:
                 gc_limit=self.base.gc_max_objects_per_pass,
                 reconcile_interval_s=self.base.reconcile_interval_s,
             )
-            shipper.start()
+        node = self.engine_factory(shard, config, self.clock, shipper)
+        try:
+            await node.start(jobs=self.jobs)
+        except BaseException:
+            await node.stop()
+            raise
+        self.engines[shard] = node
+        self.epochs[shard] = epoch
+        if shipper is not None:
             self.shippers[shard] = shipper
         log.info("shard %d: engine started at epoch %d in %s", shard, epoch, config.data_path)
 
@@ -193,10 +215,7 @@ class ShardHost:
         self.epochs.pop(shard, None)
         shipper = self.shippers.pop(shard, None)
         if shipper is not None:
-            shipper.closed = True  # refuse new waits now; close() fails the ones waiting
-            task = asyncio.get_running_loop().create_task(shipper.close(reason))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            shipper.close(reason)  # refuse new waits, fail the ones waiting; its loop ends with the engine
         if node is None:
             return
         # Stop taking requests now; closing (jobs, journal, store) finishes in the background.
@@ -205,7 +224,7 @@ class ShardHost:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close(self, shard: int, node: Node, reason: str) -> None:
+    async def _close(self, shard: int, node: Engine, reason: str) -> None:
         try:
             await node.stop()
         except Exception:

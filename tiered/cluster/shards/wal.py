@@ -1,6 +1,8 @@
 """Object-store durability, the shell: ship a shard's files to WAL objects; restore them on a new owner.
 
-``WalShipper`` runs on the shard's owner. A write is acknowledged only after
+``WalShipper`` runs on the shard's owner: its ``run`` loop is a job of the
+shard engine's supervisor, its ``maintain`` a task of the engine's GC runner
+(``tiered/cluster/gc/wal_gc.py``); ``ShardHost`` builds it before the engine. A write is acknowledged only after
 ``durable()`` returned: a ship that *started* after the write was in the
 local files has put one create-only WAL object and landed its ``commit``
 entry in the manifest chain. Writes arriving within one interval share a
@@ -21,7 +23,7 @@ segment that the same scan reads afterwards). Every ``checkpoint_every``
 ships, after deletions, and when a reconciliation listing finds garbage, a
 checkpoint records the whole index and releases the WAL objects of this epoch
 or older that no live byte is in; they are deleted ``gc_grace_s`` later, and
-chain entries below the checkpoint are pruned (fences kept): ``tiered/cluster/gc/wal_gc.py``
+chain entries below the checkpoint are pruned (fences kept): ``tiered/cluster/shards/wal_lifecycle.py``
 has the lifecycle and why it is safe.
 """
 
@@ -33,12 +35,11 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Protocol
 
-from tiered.cluster.gc.wal_gc import adopt_releases, due_deletions, plan_prune, plan_releases, prunable
 from tiered.cluster.membership import keys
 from tiered.cluster.membership.cas import CasError, CasStore
-from tiered.cluster.membership.manifest import EntryKind, decode_entry
-from tiered.cluster.membership.node_shell import ClusterNode
+from tiered.cluster.membership.manifest import EntryKind, ManifestEntry, decode_entry
 from tiered.cluster.shards.wal_index import (
     Checkpoint,
     Piece,
@@ -49,12 +50,19 @@ from tiered.cluster.shards.wal_index import (
     wal_key,
     wal_prefix,
 )
+from tiered.cluster.shards.wal_lifecycle import (
+    adopt_releases,
+    due_deletions,
+    plan_prune,
+    plan_releases,
+    prunable,
+)
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.hot.segment import parse_segment_name
 
-__all__ = ["WalShipper", "restore"]
+__all__ = ["Chain", "WalShipper", "restore"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +138,16 @@ async def restore(store: ObjectStore, cas: CasStore, shard: int, directory: Path
     return index
 
 
+class Chain(Protocol):
+    """The shards' manifest chains, as the node (``ClusterNode``) writes them: fenced commits, on ``store``."""
+
+    store: CasStore
+
+    async def commit(self, shard: int, payload: bytes) -> ManifestEntry:
+        """Append ``payload`` to the shard's chain (raises once another epoch holds the shard)."""
+        ...
+
+
 class WalShipper:
     def __init__(
         self,
@@ -137,7 +155,7 @@ class WalShipper:
         epoch: int,
         directory: Path,
         store: ObjectStore,
-        cluster: ClusterNode,
+        cluster: Chain,
         index: WalIndex,
         clock: Clock,
         *,
@@ -166,10 +184,8 @@ class WalShipper:
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
         self._last_start = -1e18
-        self._task: asyncio.Task[None] | None = None
-        self._gc_task: asyncio.Task[None] | None = None
         self.closed = False
-        # The GC of WAL objects and chain entries (``tiered/cluster/gc/wal_gc.py``).
+        # The GC of WAL objects and chain entries (``tiered/cluster/shards/wal_lifecycle.py``).
         self.gc_grace_ms = int(gc_grace_s * 1000)
         self.gc_limit = gc_limit
         self.reconcile_interval_s = reconcile_interval_s
@@ -182,10 +198,9 @@ class WalShipper:
         self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
         self._last_reconcile = clock.monotonic()
 
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._run(), name=f"wal-shipper-{self.shard}")
-        self._gc_task = loop.create_task(self._gc_loop(), name=f"wal-gc-{self.shard}")
+    def renew(self, epoch: int) -> None:
+        """The lease was renewed at ``epoch`` (the same engine goes on serving the shard)."""
+        self.epoch = epoch
 
     async def durable(self) -> None:
         """Return once a ship that started after this call is in the store and the chain."""
@@ -202,16 +217,9 @@ class WalShipper:
             await self._ship()
             await self._checkpoint()
 
-    async def close(self, reason: str) -> None:
+    def close(self, reason: str) -> None:
+        """Refuse new waits and fail the writes waiting (the shard left this node; its loop ends with its engine)."""
         self.closed = True
-        for task in (self._task, self._gc_task):
-            if task is None:
-                continue
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
         self._fail(self._waiting, self._gone(reason))
         self._waiting = []
 
@@ -226,7 +234,8 @@ class WalShipper:
             if not future.done():
                 future.set_exception(exc)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Ship until cancelled: writes arriving within one interval share a ship (group commit)."""
         idle = max(
             1.0, self.interval_s * 5
         )  # background records (flushes, snapshots) ship at least this often
@@ -236,6 +245,8 @@ class WalShipper:
             except TimeoutError:
                 pass
             self._kick.clear()
+            if self.closed:
+                continue  # the shard left this node: nothing more is shipped (the engine stops this loop)
             wait = self._last_start + self.interval_s - self.clock.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)  # group commit: everything that arrives meanwhile joins this ship
@@ -265,14 +276,6 @@ class WalShipper:
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
-            await self.maintain()
-
-    async def _gc_loop(self) -> None:
-        """GC beside the shipping (deletes never delay an acknowledgement); a pass every few seconds."""
-        period = min(max(1.0, self.interval_s * 5), max(0.5, self.gc_grace_ms / 4000))
-        while True:
-            await asyncio.sleep(period)
-            await self.maintain()
 
     def _changes(self) -> tuple[list[tuple[str, int, bytes]], list[str]]:
         writes: list[tuple[str, int, bytes]] = []
@@ -349,8 +352,11 @@ class WalShipper:
     async def maintain(self) -> None:
         """One bounded GC pass: reconcile when due, delete released WAL objects past grace, prune the chain.
 
-        Errors leave everything for the next pass (each step is idempotent).
+        Errors leave everything for the next pass (each step is idempotent). Nothing once the
+        shard left this node (its next owner finishes the releases).
         """
+        if self.closed:
+            return
         try:
             if self.clock.monotonic() - self._last_reconcile >= self.reconcile_interval_s:
                 self._last_reconcile = self.clock.monotonic()

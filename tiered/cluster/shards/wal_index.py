@@ -54,7 +54,7 @@ class WalCommit(msgspec.Struct, frozen=True, tag="wal"):
 class Checkpoint(msgspec.Struct, frozen=True, tag="checkpoint"):
     files: dict[str, list[Piece]]
     # WAL objects released and not yet known deleted: key -> ms on the releasing owner's clock
-    # (``tiered/cluster/gc/wal_gc.py``). Recorded here before any delete, so the latest checkpoint says what is pending.
+    # (``tiered/cluster/shards/wal_lifecycle.py``). Recorded here before any delete, so the latest checkpoint says what is pending.
     released: dict[str, int] = {}
 
 
@@ -98,7 +98,7 @@ class WalIndex:
 
     def __init__(self, files: dict[str, list[Piece]] | None = None) -> None:
         self.files: dict[str, list[Piece]] = {k: list(v) for k, v in (files or {}).items()}
-        # What the latest checkpoint applied carried for the GC (``tiered/cluster/gc/wal_gc.py``): its pending
+        # What the latest checkpoint applied carried for the GC (``tiered/cluster/shards/wal_lifecycle.py``): its pending
         # releases, and its chain position once known (``restore`` sets it).
         self.released: dict[str, int] = {}
         self.checkpoint_seq: int | None = None

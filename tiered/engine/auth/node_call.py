@@ -1,6 +1,6 @@
 """Whether the request being served was sent, and signed, by another node of the cluster.
 
-Shard routing (``tiered/cluster/gateway/shard_routing.py``) verifies a request's node
+Shard routing (``tiered/cluster/gateway/shard_router.py``) verifies a request's node
 signature (``tiered/cluster/membership/secret.py``) before handing it to a shard's
 engine, and sets ``NODE_CALL`` for the duration of that call; the engine's
 routes and middleware read it (``current()``). A context variable, not a

@@ -61,6 +61,8 @@ class GroupService:
         clock: Clock,
         *,
         sweep_interval_s: float = SWEEP_INTERVAL_S,
+        skips: CursorSkips | None = None,
+        directory: StreamDirectory | None = None,
     ) -> None:
         self.state = state
         self.groups = groups
@@ -71,25 +73,22 @@ class GroupService:
         self.closing = False
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Cluster mode: decisions see every shard's streams of the group's bucket, not only this shard's.
-        self.directory: StreamDirectory | None = None
-        #: Lifetime counts of what retention made groups skip (``/metrics``), as journaled by this process.
-        self.skipped_bytes = 0
-        self.skipped_ranges = 0
+        self.directory = directory
+        #: What retention made groups skip (``/metrics``), as journaled by this process.
+        self.skips = skips or CursorSkips()
 
-    def report_skips(self, record: GroupCursorsSkipped, bucket: str) -> None:
-        """A durable cursor move past released data: one warning per range, and the counters."""
-        for r in record.skips:
-            self.skipped_bytes += r.end - r.start
-            self.skipped_ranges += 1
-            log.warning(
-                "group %r: retention passed its cursor on stream %r (bucket %r): moved from %s to %s, %d bytes skipped",
-                record.name,
-                r.path,
-                bucket,
-                format_offset(r.start),
-                format_offset(r.end),
-                r.end - r.start,
-            )
+    @property
+    def skipped_bytes(self) -> int:
+        return self.skips.skipped_bytes
+
+    @property
+    def skipped_ranges(self) -> int:
+        return self.skips.skipped_ranges
+
+    def begin_shutdown(self) -> None:
+        """Stop the sweeper's next pass and release every waiting member at once."""
+        self.closing = True
+        self.notify_all()
 
     # ------------------------------------------------------------- plumbing
 
@@ -311,6 +310,32 @@ class GroupService:
                 log.exception("group sweep failed")
 
 
+class CursorSkips:
+    """Group cursors retention moved past uncommitted data: one warning per range, and the lifetime counters.
+
+    Shared by the observer that reports each durable ``GroupCursorsSkipped``
+    and the service that shows the counters (``/metrics``), as journaled by this process.
+    """
+
+    def __init__(self) -> None:
+        self.skipped_bytes = 0
+        self.skipped_ranges = 0
+
+    def report(self, record: GroupCursorsSkipped, bucket: str) -> None:
+        for r in record.skips:
+            self.skipped_bytes += r.end - r.start
+            self.skipped_ranges += 1
+            log.warning(
+                "group %r: retention passed its cursor on stream %r (bucket %r): moved from %s to %s, %d bytes skipped",
+                record.name,
+                r.path,
+                bucket,
+                format_offset(r.start),
+                format_offset(r.end),
+                r.end - r.start,
+            )
+
+
 class RetentionFollower:
     """Commit observer: a retention record's follow-up moves the group cursors it passed; moves get reported.
 
@@ -318,22 +343,26 @@ class RetentionFollower:
     reports but adds nothing: the server moves those cursors at its next sweep.
     """
 
-    def __init__(self, service: GroupService, *, follow: bool = True) -> None:
-        self.service = service
+    def __init__(
+        self, groups: GroupsState, state: StreamState, skips: CursorSkips, *, follow: bool = True
+    ) -> None:
+        self.groups = groups
+        self.state = state
+        self.skips = skips
         self.follow = follow
 
     def before_apply(self, record: Any) -> object:
         return None
 
     def after_apply(self, record: Any, token: object) -> Sequence[Any]:
-        groups = self.service.groups
+        groups = self.groups
         if self.follow and isinstance(record, RetentionAdvanced) and groups.groups:
-            return groups.decide_skips(self.service.state, record.ts_ms)
+            return groups.decide_skips(self.state, record.ts_ms)
         return ()
 
     def on_durable(self, record: Any) -> Callable[[], None] | None:
         if not isinstance(record, GroupCursorsSkipped):
             return None
-        g = self.service.groups.groups.get(record.name)
+        g = self.groups.groups.get(record.name)
         bucket = g.spec.bucket if g is not None else "?"
-        return lambda: self.service.report_skips(record, bucket)
+        return lambda: self.skips.report(record, bucket)

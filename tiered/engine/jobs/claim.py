@@ -95,6 +95,11 @@ class PrefixClaim:
         except ObjectNotFound:
             return None
 
+    async def observe(self) -> None:
+        """Find out, without claiming anything, whether the claim is ours (an offline GC pass)."""
+        owner = await self.current()
+        self.held = owner is not None and owner.identity == self.identity
+
     async def acquire(self, *, take_over: bool = False) -> None:
         """Claim the prefix, or raise ``PrefixClaimed`` naming the owner and the way out."""
         for _ in range(_ACQUIRE_ATTEMPTS):

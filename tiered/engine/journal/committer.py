@@ -42,11 +42,18 @@ def journal_failed(detail: str) -> TieredError:
 
 
 class Committer:
-    def __init__(self, journal: Journal[Any], state: Applier, *, snapshot_every_bytes: int) -> None:
+    def __init__(
+        self,
+        journal: Journal[Any],
+        state: Applier,
+        *,
+        snapshot_every_bytes: int,
+        observers: Sequence[CommitObserver] = (),
+    ) -> None:
         self.journal = journal
         self.state = state
         self.snapshot_every_bytes = snapshot_every_bytes
-        self.observers: list[CommitObserver] = []
+        self.observers: tuple[CommitObserver, ...] = tuple(observers)  # in this order, fixed at construction
         self.snapshot_due = asyncio.Event()  # a snapshot task (owned by the node) waits on it
 
     def check_writable(self) -> None:

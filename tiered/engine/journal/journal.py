@@ -154,8 +154,12 @@ class Journal(Generic[S]):
         """Load the newest snapshot and replay the log after it.
 
         ``new_state`` builds an empty state with its extensions registered
-        (by default, the snapshot codec's).
+        (by default, the snapshot codec's). ``read_only`` (a dry run,
+        ``verify``): damage is left in place and the journal stays read-only,
+        refusing every append.
         """
+        if read_only:
+            self.read_only = True
         new_state = new_state or self.snapshots.codec.new_state
         loaded = self.snapshots.load_latest(new_state)
         state, start = loaded if loaded is not None else (new_state(), None)

@@ -37,6 +37,7 @@ class StreamReader:
         store_health: StoreHealth,
         *,
         cold_read_timeout_s: float,
+        on_egress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.state = state
         self.hot = hot
@@ -45,7 +46,7 @@ class StreamReader:
         self.cold_read_timeout_s = cold_read_timeout_s
         self.integrity_errors = {"hot": 0, "cold": 0}  # reads refused for damage
         # Usage: bytes served, by the bucket of the stream read and the tier they came from.
-        self.on_egress: Callable[[str, int, int], None] | None = None
+        self.on_egress = on_egress
 
     async def read(self, s: Stream, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a stream (callers stay within the visible tail)."""

@@ -85,6 +85,9 @@ class StreamService:
         max_hot_bytes: int,
         flush_bytes: int,
         append_seconds: LatencyRecorder = NOT_RECORDED,
+        kick_flush: Callable[[], None] | None = None,
+        gate: WriteGate | None = None,
+        remote_forks: RemoteForks | None = None,
     ) -> None:
         self.state = state
         self.committer = committer
@@ -95,11 +98,11 @@ class StreamService:
         self.max_hot_bytes = max_hot_bytes
         self.flush_bytes = flush_bytes
         self.append_seconds = append_seconds
-        self.kick_flush: Callable[[], None] | None = None  # set by the node when a flusher runs
-        self.gate: WriteGate | None = None  # bucket quotas (``tiered.engine.tenants.gate``), set by the node
+        self.kick_flush = kick_flush  # the flusher's, when one runs: enough hot bytes start a pass at once
+        self.gate = gate  # bucket quotas (``tiered.engine.tenants.gate``)
         self.closing = False  # set at shutdown: live readers finish at once
-        # Forks of streams held elsewhere (cluster mode: ``tiered.cluster.features.xfork``), set by the cluster.
-        self.remote_forks: RemoteForks | None = None
+        # Forks of streams held elsewhere (cluster mode: ``tiered.cluster.features.xfork``).
+        self.remote_forks = remote_forks
         # Producer states appends dropped, by reason ("expired", "cap"): tiered_producer_states_dropped_total.
         self.producer_states_dropped = {"expired": 0, "cap": 0}
         self._cap_logged_ms: int | None = None  # the last eviction log line (one a minute at most)

@@ -83,6 +83,7 @@ class SubscriptionDelivery:
         queue_size: int = 1024,
         timeout_s: float = 10.0,
         rng: random.Random | None = None,
+        remote_append: Callable[[str, bytes], Awaitable[bool]] | None = None,
     ) -> None:
         self.service = subscriptions
         self.streams_service = streams
@@ -99,7 +100,7 @@ class SubscriptionDelivery:
         self._wakeup = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         # Cluster mode: append a wake event (one JSON message) to another shard's stream; False: retry later.
-        self.remote_append: Callable[[str, bytes], Awaitable[bool]] | None = None
+        self.remote_append = remote_append
 
     @property
     def subs(self) -> SubscriptionState:

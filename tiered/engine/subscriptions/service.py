@@ -46,6 +46,31 @@ def new_signing_key(ts_ms: int) -> SigningKeyAdded:
     return SigningKeyAdded(key_id(public_raw), public_raw, private_raw, secrets.token_bytes(32), ts_ms)
 
 
+class LinkSkips:
+    """Acked offsets retention moved past unacked data: one warning per range, and the lifetime counters.
+
+    Shared by the observer that reports each durable ``LinksSkipped`` and the
+    service that shows the counters (``/metrics``), as journaled by this process.
+    """
+
+    def __init__(self) -> None:
+        self.skipped_bytes = 0
+        self.skipped_ranges = 0
+
+    def report(self, record: LinksSkipped) -> None:
+        for sk in record.skips:
+            self.skipped_bytes += sk.end - sk.start
+            self.skipped_ranges += 1
+            log.warning(
+                "subscription %r: retention passed its acked offset on stream %r: moved from %s to %s, %d bytes skipped",
+                record.id,
+                sk.path,
+                format_offset(sk.start),
+                format_offset(sk.end),
+                sk.end - sk.start,
+            )
+
+
 class StreamEvents:
     """Commit observer: stream records become subscription follow-ups (see ``SubscriptionState.on_stream_event``).
 
@@ -55,11 +80,18 @@ class StreamEvents:
     ``LinksSkipped``.
     """
 
-    def __init__(self, state: StreamState, subs: SubscriptionState, *, follow_retention: bool = True) -> None:
+    def __init__(
+        self,
+        state: StreamState,
+        subs: SubscriptionState,
+        *,
+        follow_retention: bool = True,
+        report: Callable[[LinksSkipped], None] | None = None,
+    ) -> None:
         self.state = state
         self.subs = subs
         self.follow_retention = follow_retention
-        self.report: Callable[[LinksSkipped], None] | None = None
+        self.report = report
 
     def before_apply(self, record: Any) -> object:
         uid = getattr(record, "uid", None)
@@ -90,6 +122,8 @@ class SubscriptionService:
         webhooks: bool,
         allow_loopback: bool,
         public_url: str,
+        skips: LinkSkips | None = None,
+        remote_streams: StreamsView | None = None,
     ) -> None:
         self.state = state
         self.subs = subs
@@ -100,24 +134,17 @@ class SubscriptionService:
         self.allow_loopback = allow_loopback
         self.public_url = public_url.rstrip("/")
         # Cluster mode, on the subscriptions' shard: the streams other shards report (``tiered.cluster.features.sub_feed``).
-        self.remote_streams: StreamsView | None = None
-        #: Lifetime counts of what retention made links skip (``/metrics``), as journaled by this process.
-        self.skipped_bytes = 0
-        self.skipped_ranges = 0
+        self.remote_streams = remote_streams
+        #: What retention made links skip (``/metrics``), as journaled by this process.
+        self.skips = skips or LinkSkips()
 
-    def report_skips(self, record: LinksSkipped) -> None:
-        """A durable acked-offset move past released data: one warning per range, and the counters."""
-        for sk in record.skips:
-            self.skipped_bytes += sk.end - sk.start
-            self.skipped_ranges += 1
-            log.warning(
-                "subscription %r: retention passed its acked offset on stream %r: moved from %s to %s, %d bytes skipped",
-                record.id,
-                sk.path,
-                format_offset(sk.start),
-                format_offset(sk.end),
-                sk.end - sk.start,
-            )
+    @property
+    def skipped_bytes(self) -> int:
+        return self.skips.skipped_bytes
+
+    @property
+    def skipped_ranges(self) -> int:
+        return self.skips.skipped_ranges
 
     def streams(self, now_ms: int) -> StreamsView:
         """The default bucket's streams at their durable (visible) tails (and other shards', in cluster mode)."""

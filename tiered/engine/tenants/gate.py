@@ -24,7 +24,13 @@ LIVE_RETRY_AFTER_S = 1
 
 class TenantGate:
     def __init__(
-        self, tenants: TenantState, footprint: FootprintCache, defaults: Quotas, clock: Clock
+        self,
+        tenants: TenantState,
+        footprint: FootprintCache,
+        defaults: Quotas,
+        clock: Clock,
+        *,
+        others: Callable[[str], tuple[int, int]] | None = None,
     ) -> None:
         self.tenants = tenants
         self.footprint = footprint
@@ -37,7 +43,7 @@ class TenantGate:
         self.live: dict[str, int] = {}
         self.refusals: dict[tuple[str, str], int] = {}  # (bucket, quota) -> count
         #: Cluster mode: (streams, retained bytes) of a bucket in the other shards; None: none elsewhere.
-        self.others: Callable[[str], tuple[int, int]] | None = None
+        self.others = others
 
     def _lookup(self, bucket: str) -> tuple[object, Quotas, bool]:
         overrides = self.tenants.quotas.get(bucket)

@@ -1,13 +1,12 @@
-"""The engine of one shard in cluster mode: its groups and its quotas see every shard.
+"""A shard's live streams of one bucket, asked for by another shard's group coordinator (cluster mode).
 
-``ClusterEngine`` is the engine ``ShardHost`` runs per shard in cluster mode:
-a single-node engine whose group coordinator decides on every shard's
-streams (``directory.py``) and whose quota gate counts the other shards'
-usage (``usage_shell.py``). Both are attached while the engine is composed,
-before it serves and before its group sweeper can run, so no plan is ever
-made on this shard's streams alone (that plan would drop the cursors of
-every stream elsewhere) and no write is admitted against this shard's usage
-alone.
+Each shard's engine gets, in its constructor, a ``ShardDirectory``
+(``directory.py``) whose ``ask`` is ``ask_shard`` (and a quota view of the
+other shards: ``bucket_totals_exchange.py``); both are hooks of the engine
+(``tiered/cluster/compose.py``), in place before it serves and before its
+group sweeper can run, so no plan is ever made on this shard's streams alone
+(that plan would drop the cursors of every stream elsewhere) and no write is
+admitted against this shard's usage alone.
 
 Another shard is asked through its engine when it is served here, else with
 ``GET /v1/cluster/shards/{shard}/streams?bucket=B`` to its owner (the node
@@ -19,24 +18,18 @@ else (401): no admin token is needed between nodes.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import msgspec
 
 from tiered.api.kit.types import Request, Response, json_response
-from tiered.cluster.features.directory import Listing, ShardDirectory, engine_listing
-from tiered.cluster.membership.secret import SIGNATURE_HEADER, target_of
-from tiered.core.clock import Clock
-from tiered.core.config import Config
+from tiered.cluster.features.directory import Listing, engine_listing
+from tiered.cluster.gateway.forward import Forwarder
+from tiered.cluster.gateway.shard_router import ShardView
+from tiered.cluster.membership.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.core.errors import ErrorCode, TieredError, bad_request
-from tiered.engine.node import Node
 
-if TYPE_CHECKING:
-    from tiered.cluster.server import ClusterServer
-
-__all__ = ["STREAMS_ROUTE", "ClusterEngine", "ask_shard", "serve_streams", "streams_path"]
+__all__ = ["STREAMS_ROUTE", "ask_shard", "serve_streams", "streams_path"]
 
 #: The node route other nodes ask a shard's streams with.
 STREAMS_ROUTE = "/v1/cluster/shards/{shard}/streams"
@@ -64,50 +57,30 @@ def _from_wire(listed: _Listed) -> Listing:
     return [(path, uid, tail, listed.retained.get(path, 0)) for path, uid, tail in listed.streams]
 
 
-class ClusterEngine(Node):
-    """One shard's engine whose consumer groups see the streams of every shard."""
-
-    def __init__(self, config: Config, clock: Clock, cluster: ClusterServer) -> None:
-        super().__init__(config, clock)
-        self.cluster = cluster
-        self.shard = int(Path(config.data_dir).name)  # shard_config: <data>/shards/<shard:04>
-
-    def _compose(self) -> None:
-        super()._compose()
-        cluster = self.cluster
-
-        async def ask(shard: int, bucket: str) -> Listing:
-            return await ask_shard(cluster, shard, bucket)
-
-        self.groups.directory = ShardDirectory(self.shard, cluster.shard_count, ask, self.clock)
-        if cluster.usage is not None:  # bucket-wide quotas from the first write on (usage_shell.py)
-            cluster.usage.attach_engine(self.shard, self)
-
-
-async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
+async def ask_shard(
+    view: ShardView, forwarder: Forwarder, signer: NodeSigner | None, shard: int, bucket: str
+) -> Listing:
     """Shard ``shard``'s live streams of ``bucket``: from its engine here, or from its owner."""
-    engine = cluster.local_engine(shard)
+    engine = view.local_engine(shard)
     if engine is not None:
         return engine_listing(engine, bucket)
-    owner = cluster.owner_url(shard)
-    if owner is None or owner[0] == cluster.node_id:
+    owner = view.owner_url(shard)
+    if owner is None or owner[0] == view.node_id:
         raise TieredError(
             ErrorCode.SHARD_NOT_OWNED, f"shard {shard} has no serving owner right now", retry_after_s=1
         )
     query = f"bucket={quote(bucket, safe='')}"
     headers = {"Accept": "application/json"}
     if (
-        cluster.signer is not None
+        signer is not None
     ):  # a node's request: signed with the cluster secret (tiered/cluster/membership/secret.py)
-        headers[SIGNATURE_HEADER] = cluster.signer.header(
-            "GET", target_of(streams_path(shard), query), "", b""
-        )
+        headers[SIGNATURE_HEADER] = signer.header("GET", target_of(streams_path(shard), query), "", b"")
 
     async def no_body() -> bytes:
         return b""
 
     request = Request("GET", streams_path(shard), query, headers, no_body)
-    response = await cluster.forwarder.forward(request, owner[1], shard)
+    response = await forwarder.forward(request, owner[1], shard)
     if response.status != 200 or not isinstance(response.body, bytes):
         raise TieredError(
             ErrorCode.SHARD_NOT_OWNED,
@@ -120,20 +93,20 @@ async def ask_shard(cluster: ClusterServer, shard: int, bucket: str) -> Listing:
     return _from_wire(listed)
 
 
-async def serve_streams(cluster: ClusterServer, request: Request) -> Response:
+async def serve_streams(view: ShardView, signer: NodeSigner | None, request: Request) -> Response:
     """The node route: one served shard's live streams of one bucket (for nodes only: signed requests)."""
     header = request.headers.get(SIGNATURE_HEADER)
-    if header is None or cluster.signer is None:
+    if header is None or signer is None:
         raise TieredError(
             ErrorCode.UNAUTHORIZED, "a node route: only the cluster's nodes may call it (signed requests)"
         )
-    cluster.signer.verify(header, request.method, target_of(request.path, request.query_string), "", b"")
+    signer.verify(header, request.method, target_of(request.path, request.query_string), "", b"")
     raw = request.params.get("shard", "")
     bucket = request.query.get("bucket")
     if not raw.isdigit() or bucket is None:
         raise bad_request("GET /v1/cluster/shards/{shard}/streams?bucket=B")
     shard = int(raw)
-    engine = cluster.local_engine(shard)
+    engine = view.local_engine(shard)
     if engine is None:
         raise TieredError(
             ErrorCode.SHARD_NOT_OWNED, f"shard {shard} is not served here", shard=shard, retry_after_s=1

@@ -1,4 +1,8 @@
-"""One tiered process: its parts composed for one purpose, and the one owner of every background job.
+"""One engine: its parts composed for one purpose, and the owner of its background jobs (its supervisor).
+
+A single server runs one engine; a cluster node runs one per shard it
+serves, each given the cluster's ``EngineHooks`` (``tiered/engine/hooks.py``)
+in its constructor.
 
 Compositions:
 
@@ -11,7 +15,7 @@ Compositions:
   a real pass starts only the journal writer, for GC records.
 
 ``stop()`` ends every job and closes the journal (with a snapshot) and the
-store. Tests compose a node on a ``VirtualClock`` and choose which jobs run.
+store. Tests compose an engine on a ``VirtualClock`` and choose which jobs run.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from tiered.engine.auth.service import AuthService
 from tiered.engine.auth.state import AuthState
 from tiered.engine.codec import RECORDS
 from tiered.engine.engine_metrics import Metrics
-from tiered.engine.groups.service import GroupService, RetentionFollower
+from tiered.engine.groups.service import CursorSkips, GroupService, RetentionFollower
 from tiered.engine.groups.state import GroupsState
+from tiered.engine.hooks import NO_HOOKS, EngineHooks, EngineView
 from tiered.engine.jobs.claim import PrefixClaim, load_identity
 from tiered.engine.jobs.health import StoreHealth
 from tiered.engine.journal.committer import Committer
@@ -47,9 +52,9 @@ from tiered.engine.streams.service import StreamService
 from tiered.engine.streams.state import StreamState
 from tiered.engine.streams.visibility import Visibility, VisibilityObserver, Waiters
 from tiered.engine.subscriptions.delivery import SubscriptionDelivery
-from tiered.engine.subscriptions.service import StreamEvents, SubscriptionService
+from tiered.engine.subscriptions.service import LinkSkips, StreamEvents, SubscriptionService
 from tiered.engine.subscriptions.state import SubscriptionState
-from tiered.engine.tasks import BackgroundTasks, Job
+from tiered.engine.supervisor import Job, Supervisor
 from tiered.engine.tenants.footprint import FootprintCache
 from tiered.engine.tenants.gate import TenantGate
 from tiered.engine.tenants.quotas import QUOTA_NAMES, from_config
@@ -58,7 +63,7 @@ from tiered.engine.tenants.state import TenantState
 from tiered.engine.tenants.usage_log import UsageLog
 from tiered.engine.timed import TimedFlusher, TimedStore
 from tiered.gc.context import GcContext
-from tiered.gc.runner import GcRunner
+from tiered.gc.runner import GcRunner, default_tasks
 from tiered.hot.log import SegmentLog
 
 log = logging.getLogger(__name__)
@@ -108,10 +113,21 @@ async def open_store(config: Config, *, read_only: bool, probe: bool) -> ObjectS
     )
 
 
-class Node:
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+class Engine:
+    """One engine: a single server's, or one shard's in cluster mode (with the cluster's ``hooks``)."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock | None = None,
+        *,
+        hooks: EngineHooks = NO_HOOKS,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        """``supervisor``: the owner of this engine's jobs (by default its own, on ``clock``)."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
+        self.hooks = hooks
         data = config.data_path
         self.metrics = Metrics()
         self.log = SegmentLog(data / "hot", segment_bytes=config.segment_bytes)
@@ -123,12 +139,13 @@ class Node:
             fsync_interval_ms=config.fsync_interval_ms,
             sync_seconds=self.metrics.fsync_seconds,
         )
-        self.tasks = BackgroundTasks()
+        self.supervisor = supervisor or Supervisor(self.clock)
         self.store_health = StoreHealth(clock=self.clock.monotonic)
         self.producer_limits = producer_limits(config)
         self.state = new_state(self.producer_limits)
         self.store: ObjectStore | None = None
         self.claim: PrefixClaim | None = None
+        self.jwks: JwksFile | None = None
         self.recovered = False
         self.offline = False
         self._composed = False
@@ -156,22 +173,20 @@ class Node:
         """What an offline GC pass needs, and nothing else (see the module docstring)."""
         c = self.config
         self.offline = True
+        # A dry run leaves the journal read-only: any record would be refused, loudly.
         await self._recover(read_only=dry_run)
-        if dry_run:
-            self.journal.read_only = True  # any record would be refused, loudly
-        else:
+        if not dry_run:
             self.journal.start()
         self.store = await self._open_store(read_only=dry_run, probe=False)
         identity = load_identity(c.data_path, create=False)
         if identity is not None:
             self.claim = PrefixClaim(self.store, identity, str(c.data_path.resolve()), clock=self.clock)
-            owner = await self.claim.current()
-            self.claim.held = owner is not None and owner.identity == identity
+            await self.claim.observe()
         self._compose()
         self.recovered = True
 
     def jobs(self) -> dict[str, Job]:
-        """Every background job of a server, by name."""
+        """Every background job of a server, by name (the hooks' extensions add theirs)."""
         c = self.config
         probe_timeout = min(c.store_probe_interval_s, c.cold_read_timeout_s)
         assert self.store is not None
@@ -187,20 +202,21 @@ class Node:
             "usage-recorder": self.tenants.run_forever,
         }
         jobs.update(self.deliveries.jobs())
+        for extension in self.extensions:
+            jobs.update(extension.jobs)
         return jobs
 
     def start_jobs(self, names: set[str] | None = None) -> None:
         for name, job in self.jobs().items():
             if names is None or name in names:
-                self.tasks.start(name, job)
+                self.supervisor.start(name, job)
 
     async def stop(self) -> None:
         """End every job, then close the journal (with a snapshot, unless offline) and the store."""
         if self._composed:
             self.streams.begin_shutdown()
-            self.groups.closing = True
-            self.groups.notify_all()
-        await self.tasks.stop()
+            self.groups.begin_shutdown()
+        await self.supervisor.stop()
         if self._composed:
             await self.deliveries.close()
             if not self.offline and not self.journal.read_only and self.journal.failed is None:
@@ -232,21 +248,104 @@ class Node:
         return TimedStore(store, self.metrics.store_operations)
 
     def _compose(self) -> None:
-        c, state, clock = self.config, self.state, self.clock
-        assert self.store is not None
-        store = self.store
-        self.visibility = Visibility()
-        self.waiters = Waiters(c.max_waiters)
-        self.committer = Committer(self.journal, state, snapshot_every_bytes=c.snapshot_every_bytes)
-        self.committer.observers.append(VisibilityObserver(state, self.visibility, self.waiters))
+        """Build every part with everything it needs, in dependency order: nothing is set on a part later.
+
+        The cluster's hooks (``self.hooks``) go to the parts that use them;
+        its extensions are built first, on this engine's state, so their
+        commit observers are in the committer from its first record.
+        """
+        state = self.state
         subs_state = state.extensions["subscriptions"]
         groups_state = state.extensions["groups"]
+        auth_state = state.extensions["auth"]
+        tenants_state = state.extensions["tenants"]
         assert isinstance(subs_state, SubscriptionState) and isinstance(groups_state, GroupsState)
-        stream_events = StreamEvents(state, subs_state, follow_retention=not self.offline)
-        self.committer.observers.append(stream_events)
+        assert isinstance(auth_state, AuthState) and isinstance(tenants_state, TenantState)
+        link_skips, cursor_skips = LinkSkips(), CursorSkips()
+        self._compose_commits(subs_state, groups_state, link_skips, cursor_skips)
+        self._compose_tenants(tenants_state)
+        self._compose_data()
+        self._compose_features(subs_state, groups_state, link_skips, cursor_skips)
+        self._compose_auth(auth_state)
+        self.metrics.watch(self)
+        self._composed = True
+
+    def _compose_commits(
+        self,
+        subs_state: SubscriptionState,
+        groups_state: GroupsState,
+        link_skips: LinkSkips,
+        cursor_skips: CursorSkips,
+    ) -> None:
+        """What readers may see, the hooks' extensions, and the committer with every observer, in order."""
+        c, state, clock = self.config, self.state, self.clock
+        follow = not self.offline  # offline GC passes write GC records only: no follow-ups
+        self.visibility = visibility = Visibility()
+        self.waiters = Waiters(c.max_waiters)
+        self.footprint = FootprintCache(state)
+        view = EngineView(state, clock, lambda s: visibility.view(s).tail)
+        self.extensions = [build(view) for build in self.hooks.extensions]
+        self.committer = Committer(
+            self.journal,
+            state,
+            snapshot_every_bytes=c.snapshot_every_bytes,
+            observers=[
+                VisibilityObserver(state, self.visibility, self.waiters),
+                StreamEvents(state, subs_state, follow_retention=follow, report=link_skips.report),
+                RetentionFollower(groups_state, state, cursor_skips, follow=follow),
+                self.footprint,
+                *(observer for extension in self.extensions for observer in extension.observers),
+            ],
+        )
+
+    def _compose_tenants(self, tenants_state: TenantState) -> None:
+        """Quotas (every mode; the other shards' usage in cluster mode) and usage."""
+        c, clock = self.config, self.clock
+        defaults = from_config({name: getattr(c, "quota_" + name) for name in QUOTA_NAMES})
+        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock, others=self.hooks.quota_others)
+        self.tenants = TenantService(
+            self.state,
+            tenants_state,
+            self.committer,
+            self.gate,
+            clock,
+            interval_s=c.usage_interval_s,
+            usage_log=(
+                UsageLog(Path(c.usage_log), max_bytes=c.usage_log_max_bytes, rotate_s=c.usage_log_rotate_s)
+                if c.usage_log
+                else None
+            ),
+        )
+
+    def _compose_data(self) -> None:
+        """The read path, the flusher, the stream service and GC (with the hooks' GC tasks)."""
+        c, state, clock, hooks = self.config, self.state, self.clock, self.hooks
+        assert self.store is not None
+        store, visibility = self.store, self.visibility
         self.cold_reader = ColdReader(store, c.read_cache_bytes)
         self.reader = StreamReader(
-            state, self.log, self.cold_reader, self.store_health, cold_read_timeout_s=c.cold_read_timeout_s
+            state,
+            self.log,
+            self.cold_reader,
+            self.store_health,
+            cold_read_timeout_s=c.cold_read_timeout_s,
+            on_egress=self.tenants.counter.egress,
+        )
+        self.reaper = SegmentReaper(self.journal, state, clock, offline=self.offline)
+        self.flusher = TimedFlusher(
+            state,
+            lambda s: visibility.view(s).tail,
+            self.committer,
+            self.log,
+            self.reaper,
+            store,
+            clock,
+            interval_s=c.flush_interval_s,
+            flush_bytes=c.flush_bytes,
+            target_object_bytes=c.cold_object_bytes,
+            hot_retention_s=c.hot_retention_s,
+            claim=self.claim,
+            pass_seconds=self.metrics.cold_flush_seconds,
         )
         self.streams = StreamService(
             state,
@@ -258,24 +357,10 @@ class Node:
             max_hot_bytes=c.max_hot_bytes,
             flush_bytes=c.flush_bytes,
             append_seconds=self.metrics.append_seconds,
+            kick_flush=self.flusher.kick,
+            gate=self.gate,
+            remote_forks=hooks.remote_forks,
         )
-        self.reaper = SegmentReaper(self.journal, state, clock, offline=self.offline)
-        self.flusher = TimedFlusher(
-            state,
-            lambda s: self.visibility.view(s).tail,
-            self.committer,
-            self.log,
-            self.reaper,
-            store,
-            clock,
-            interval_s=c.flush_interval_s,
-            flush_bytes=c.flush_bytes,
-            target_object_bytes=c.cold_object_bytes,
-            hot_retention_s=c.hot_retention_s,
-            claim=self.claim,
-        )
-        self.flusher.pass_seconds = self.metrics.cold_flush_seconds
-        self.streams.kick_flush = self.flusher.kick
         reaper = self.reaper
         self.gc = GcRunner(
             GcContext(
@@ -292,8 +377,19 @@ class Node:
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,
+            tasks=[*default_tasks(), *hooks.gc_tasks],
             pass_seconds=self.metrics.gc_pass_seconds,
         )
+
+    def _compose_features(
+        self,
+        subs_state: SubscriptionState,
+        groups_state: GroupsState,
+        link_skips: LinkSkips,
+        cursor_skips: CursorSkips,
+    ) -> None:
+        """Subscriptions (and their delivery) and consumer groups."""
+        c, state, clock, hooks = self.config, self.state, self.clock, self.hooks
         self.subscriptions = SubscriptionService(
             state,
             subs_state,
@@ -303,41 +399,25 @@ class Node:
             webhooks=c.webhooks,
             allow_loopback=c.webhook_allow_loopback,
             public_url=c.public_url,
+            skips=link_skips,
+            remote_streams=hooks.remote_streams,
         )
-        stream_events.report = self.subscriptions.report_skips
-        self.deliveries = SubscriptionDelivery(self.subscriptions, self.streams, clock)
-        self.groups = GroupService(state, groups_state, self.committer, self.visibility, clock)
-        self.committer.observers.append(RetentionFollower(self.groups, follow=not self.offline))
-        self._compose_tenants()
-        self.metrics.watch(self)
-        self._composed = True
-
-    def _compose_tenants(self) -> None:
-        """Quotas and usage (every mode), and who may do what (``--auth``)."""
-        c, state, clock = self.config, self.state, self.clock
-        auth_state = state.extensions["auth"]
-        tenants_state = state.extensions["tenants"]
-        assert isinstance(auth_state, AuthState) and isinstance(tenants_state, TenantState)
-        self.footprint = FootprintCache(state)
-        self.committer.observers.append(self.footprint)
-        defaults = from_config({name: getattr(c, "quota_" + name) for name in QUOTA_NAMES})
-        self.gate = TenantGate(tenants_state, self.footprint, defaults, clock)
-        self.streams.gate = self.gate
-        usage_log = (
-            UsageLog(Path(c.usage_log), max_bytes=c.usage_log_max_bytes, rotate_s=c.usage_log_rotate_s)
-            if c.usage_log
-            else None
+        self.deliveries = SubscriptionDelivery(
+            self.subscriptions, self.streams, clock, remote_append=hooks.remote_append
         )
-        self.tenants = TenantService(
+        self.groups = GroupService(
             state,
-            tenants_state,
+            groups_state,
             self.committer,
-            self.gate,
+            self.visibility,
             clock,
-            interval_s=c.usage_interval_s,
-            usage_log=usage_log,
+            skips=cursor_skips,
+            directory=hooks.stream_directory,
         )
-        self.reader.on_egress = self.tenants.counter.egress
+
+    def _compose_auth(self, auth_state: AuthState) -> None:
+        """Who may do what (``--auth``): live-reader leases, the JWT verifier, the access service."""
+        c, state, clock = self.config, self.state, self.clock
         self.leases = LiveLeases(clock, self.waiters.notify)
         jwt = None
         if c.auth_mode == "jwt":
@@ -363,9 +443,8 @@ class Node:
 
     def reload_keys(self) -> None:
         """SIGHUP: read the JWKS file again (a no-op without ``--auth jwt``)."""
-        jwks = getattr(self, "jwks", None)
-        if jwks is not None:
-            jwks.reload()
+        if self.jwks is not None:
+            self.jwks.reload()
 
     async def _snapshots(self) -> None:
         """Snapshot whenever the committer says enough journal has piled up since the last one."""
@@ -381,7 +460,8 @@ class Node:
     # ------------------------------------------------------------- status
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready to serve everything: recovery finished, the journal writes, the store answered, the prefix is ours."""
+        """Ready to serve everything: recovery finished, the journal writes, the store answered, the prefix is
+        ours, and no background job is crash-looping or ended (each job is listed under ``jobs``)."""
         checks: dict[str, Any] = {
             "recovered": self.recovered,
             "journal": "ok" if self.journal.failed is None else f"failed: {self.journal.failed}",
@@ -392,10 +472,15 @@ class Node:
             checks["prefix"] = (
                 f"claimed by another data dir ({claim.lost_to.identity if claim.lost_to else 'nobody'})"
             )
+        checks["jobs"] = self.supervisor.report()
+        failing = self.supervisor.problems()
+        if failing:
+            checks["jobs_failing"] = failing
         ready = (
             self.recovered
             and self.journal.failed is None
             and self.store_health.reachable is True
             and (claim is None or claim.held)
+            and not failing
         )
         return ready, checks
