@@ -1,8 +1,8 @@
 """The service's HTTP handler: every route, behind one chain of middleware.
 
-Order of routes (first match wins): the reserved subscription APIs
-(``/v1/stream/__ds``) before streams, then buckets, groups, admin and
-operations. Middleware, outermost first: request ids (for every log line and
+Routes: the route table (``tiered.api.table``), one row per route, classified
+once per request; its router (``TableRouter``) serves each row's handler.
+Middleware, outermost first: request ids (for every log line and
 response; it also hands each answer, and each client that left, to the
 request metrics and the access log), security headers
 (on every response), CORS preflight (open, no credentials), error mapping,
@@ -37,6 +37,7 @@ from tiered.api.routes.groups import GroupRoutes
 from tiered.api.routes.streams import StreamRoutes
 from tiered.api.routes.subscriptions import SubscriptionRoutes
 from tiered.api.routes.tenants import TenantRoutes
+from tiered.api.table import Features, TableRouter, bind
 from tiered.cluster.features.group_engine import STREAMS_ROUTE, serve_streams
 from tiered.cluster.gateway.shard_routing import shard_routing
 from tiered.cluster.node_metrics import ClusterMetrics
@@ -98,34 +99,37 @@ def build_cluster_handler(cluster: ClusterServer) -> Handler:
     )
 
 
-def build_router(node: Node) -> Router:
-    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
+def build_router(node: Node) -> TableRouter:
+    """Every route of one engine (a single server, or one shard's engine in cluster mode): the route table's.
+
+    Each feature's handlers, bound to their rows of ``tiered.api.table``; the
+    operator's routes behind the admin guard.
+    """
     c = node.config
-    guard = AdminGuard.from_config(c)
-    router = Router()
-    SubscriptionRoutes(node.subscriptions).install(router)
-    StreamRoutes(
-        node.streams,
-        node.clock,
-        read_chunk_bytes=c.read_chunk_bytes,
-        long_poll_timeout_s=c.long_poll_timeout_s,
-        sse_max_connection_s=c.sse_max_connection_s,
-        locator_valid_ms=c.locator_valid_ms,
-        locator_span_bytes=LOCATOR_SPAN_BYTES,
-    ).install(router)
-    BucketRoutes(node.streams, guard).install(router)
-    GroupRoutes(node.groups).install(router)
-    AdminRoutes(
-        node.streams,
-        node.gc,
-        guard,
-        node.readiness,
-        node.metrics.exposition,
-        lambda: node.journal.failed is None,
-    ).install(router)
-    AuthRoutes(node.auth, guard).install(router)
-    TenantRoutes(node.tenants, guard).install(router)
-    return router
+    features = Features(
+        streams=StreamRoutes(
+            node.streams,
+            node.clock,
+            read_chunk_bytes=c.read_chunk_bytes,
+            long_poll_timeout_s=c.long_poll_timeout_s,
+            sse_max_connection_s=c.sse_max_connection_s,
+            locator_valid_ms=c.locator_valid_ms,
+            locator_span_bytes=LOCATOR_SPAN_BYTES,
+        ),
+        subscriptions=SubscriptionRoutes(node.subscriptions),
+        buckets=BucketRoutes(node.streams),
+        groups=GroupRoutes(node.groups),
+        admin=AdminRoutes(
+            node.streams,
+            node.gc,
+            node.readiness,
+            node.metrics.exposition,
+            lambda: node.journal.failed is None,
+        ),
+        auth=AuthRoutes(node.auth),
+        tenants=TenantRoutes(node.tenants),
+    )
+    return TableRouter(bind(features, AdminGuard.from_config(c)))
 
 
 def _engine_chain(node: Node) -> Handler:
