@@ -77,8 +77,8 @@ from tiered.cluster.gateway.forward import (
     idempotent,
     moved_away,
 )
-from tiered.cluster.gateway.routing import bucket_write, is_write, shard_key
-from tiered.cluster.gateway.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
+from tiered.cluster.gateway.routing import fanout_bucket, is_write, shard_key
+from tiered.cluster.gateway.scatter import Answer, ScatterPlan, plan_of, refusal
 from tiered.cluster.gc.pin_sweep import PinSweeper
 from tiered.cluster.membership.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.cluster.server import ClusterServer
@@ -139,14 +139,16 @@ def shard_routing(
                 request.route = token_route_label(path)  # served here: no engine's router names it
                 return await token_routes.serve(request, path)
             return await to_shard(request, _target(target))
-        plan = scatter_plan(request.method, path)
+        plan = plan_of(
+            request
+        )  # the request's row in the route table, classified once (``tiered.api.table``)
         if plan is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
                 return await gather(request, plan, _home(parsed))
             return await to_shard(request, _target(target))
         key = shard_key(parsed)
-        bucket = bucket_write(request.method, parsed) or bucket_wide_write(request.method, parsed)
+        bucket = fanout_bucket(request)
         if bucket is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
