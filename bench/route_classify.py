@@ -82,14 +82,12 @@ def gateway_classifier() -> Callable[[Request], object]:
     """What shard routing asks of each request, in this build."""
     from tiered.cluster.gateway import routing, scatter
 
-    route_of = getattr(routing, "route_of", None)
-    if route_of is not None:  # the route table: classified once, every answer read from it
-        fanout_bucket = routing.fanout_bucket  # type: ignore[attr-defined]
+    fanout_bucket = getattr(routing, "fanout_bucket", None)
+    if fanout_bucket is not None:  # the route table: classified once, every answer read from it
         plan_of = scatter.plan_of  # type: ignore[attr-defined]
 
         def classify(request: Request) -> object:
-            routed = route_of(request)
-            return plan_of(routed), routing.shard_key(request.target), fanout_bucket(routed, request.target)
+            return plan_of(request), routing.shard_key(request.target), fanout_bucket(request)
 
         return classify
 
