@@ -51,8 +51,8 @@ from tiered.api.table import (
     Fanout,
     Features,
     Kind,
-    RouteSpec,
     Routed,
+    RouteSpec,
     Scope,
     Shard,
     TableRouter,
@@ -188,20 +188,27 @@ class Layers:
 
         return handler
 
-    def check(self, method: str, path: str, query: str = "", headers: dict[str, str] | None = None) -> RouteSpec:
+    def check(
+        self, method: str, path: str, query: str = "", headers: dict[str, str] | None = None
+    ) -> RouteSpec:
         """Send one request through every layer; assert each agrees with its row; return the row."""
-        request = internal_request(method, path, {**(headers or {}), "Authorization": "Bearer operator"}, b"{}", query)
+        request = internal_request(
+            method, path, {**(headers or {}), "Authorization": "Bearer operator"}, b"{}", query
+        )
         try:
             target = request.target
         except TieredError:
             assume(False)  # refused before anything is classified (tests/api/test_http_target.py)
         self.called.clear()
+        table._classified.clear()  # the memo of classifications: this request is classified afresh
         classify = table.classify
         with mock.patch.object(table, "classify", wraps=classify) as counted:
             response = self.loop.run_until_complete(self.chain(request))
             # What cluster routing asks of the same request afterwards.
             plan, key, wide = plan_of(request), shard_key(target), fanout_bucket(request)
-        assert counted.call_count == 1, "classified once, whatever asks"
+            assert counted.call_count == 1, "classified once, whatever asks"
+            again = internal_request(method, path, headers or {}, b"{}", query)
+            assert route_of(again) is request.routed and counted.call_count == 1  # the same URL: remembered
         routed = request.routed
         assert isinstance(routed, Routed) and route_of(request) is routed
         spec = routed.spec
@@ -221,7 +228,11 @@ class Layers:
             assert (response.status, code) == (404, "NOT_FOUND")
         else:
             allowed = sorted(m for r in ROUTES if r.pattern == spec.pattern for m in r.methods if m != "*")
-            assert (response.status, code, response.headers["Allow"]) == (405, "METHOD_NOT_ALLOWED", ", ".join(allowed))
+            assert (response.status, code, response.headers["Allow"]) == (
+                405,
+                "METHOD_NOT_ALLOWED",
+                ", ".join(allowed),
+            )
 
     def _access(self, spec: RouteSpec, target: Target, access: object) -> None:
         assert isinstance(access, Access)

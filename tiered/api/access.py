@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from tiered.api.kit.target import StreamAddress, Target
 from tiered.api.kit.types import Request
-from tiered.api.table import Kind, Missing, RouteSpec, Where, route_of
+from tiered.api.table import Kind, Missing, Routed, RouteSpec, Where, route_of
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
 from tiered.core.parsing import decode_json
@@ -121,21 +121,22 @@ class AccessMap:
         self._group_bucket = group_bucket  # a group's bucket, None when there is no such group
 
     def classify(self, request: Request) -> Access:
-        return self.access(route_of(request).spec, request.target)
+        routed: Routed | None = request.routed
+        return self.access((routed if routed is not None else route_of(request)).spec, request.target)
 
     def access(self, spec: RouteSpec, target: Target) -> Access:
         """What a request to ``target`` by the route ``spec`` touches and needs."""
         scope = spec.scope
         kind = scope.kind
-        if kind is not Kind.BUCKET:
-            if kind is Kind.BODY:
+        if kind is not _BUCKET:
+            if kind is _BODY:
                 return Access(Kind.BODY, request_class=spec.usage)
             return _CONSTANT[kind]
         where = scope.where
-        if where is Where.TARGET:
+        if where is _TARGET:
             bucket = target.bucket
             assert bucket is not None
-        elif where is Where.DEFAULT:
+        elif where is _DEFAULT:
             bucket = DEFAULT_BUCKET
         else:
             name = target.name
@@ -145,19 +146,30 @@ class AccessMap:
                 return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
             bucket = found
         usage: str | None = spec.usage
-        live = usage == "read" and target.live is not None
+        live = target.live is not None and usage == "read"
+        missing = scope.missing
         return Access(
-            Kind.BUCKET,
+            _BUCKET,
             bucket,
             scope.level,
             target.stream if scope.stream else None,
             scope.whole_bucket,
             "live" if live else usage,
             live,
-            _missing(scope.missing, bucket, target),
+            _stream_missing if missing is _STREAM_MISSING else _missing(missing, bucket, target),
             target.fork,
             scope.public,
         )
+
+
+# Enum members as module names: the access of every request is built from them.
+_BUCKET, _BODY, _TARGET, _DEFAULT, _STREAM_MISSING = (
+    Kind.BUCKET,
+    Kind.BODY,
+    Where.TARGET,
+    Where.DEFAULT,
+    Missing.STREAM,
+)
 
 
 def _missing(missing: Missing, bucket: str, target: Target) -> Callable[[], TieredError] | None:

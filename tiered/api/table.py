@@ -183,10 +183,10 @@ class RouteSpec:
 
 
 class Routed(NamedTuple):
-    """A request, classified: its row and the pattern's parameters."""
+    """A request, classified: its row and the pattern's parameters (shared: read-only)."""
 
     spec: RouteSpec
-    params: dict[str, str]
+    params: Mapping[str, str]
 
 
 # ----------------------------------------------------------------- scopes
@@ -401,18 +401,26 @@ _BY_FAMILY: dict[Family, Patterns[RouteSpec]] = {
     family: _patterns(tuple(r for r in ROUTES if r.family is family)) for family in Family
 }
 _ALL = _patterns(ROUTES)  # for labelling a request whose target does not parse: by its path alone
-_NO_PARAMS: dict[str, str] = {}
+_NO_PARAMS: Mapping[str, str] = {}
 
 
 # ----------------------------------------------------------------- classifying
 
 
+_STREAM = Family.STREAM
+_STREAM_PATTERNS = _BY_FAMILY[_STREAM]
+_routed = tuple.__new__  # a Routed without NamedTuple's Python-level constructor: this runs for every request
+
+
 def classify(method: str, target: Target) -> Routed:
     """The route a request to ``target`` takes (pure: the same on every node, for every layer)."""
-    found = _BY_FAMILY[target.family].match(method, target.path)
-    if found is not None and found.value is not None:
-        return Routed(found.value, found.params)
-    return Routed(_unrouted_spec(method, target), _NO_PARAMS)
+    family = target.family
+    found = (_STREAM_PATTERNS if family is _STREAM else _BY_FAMILY[family]).match(method, target.path)
+    if found is not None:
+        spec, params, _ = found
+        if spec is not None:
+            return _routed(Routed, (spec, params))
+    return _routed(Routed, (_unrouted_spec(method, target), _NO_PARAMS))
 
 
 def route_by_path(method: str, path: str) -> RouteSpec | None:
@@ -422,15 +430,28 @@ def route_by_path(method: str, path: str) -> RouteSpec | None:
     metrics label), a path named in a test. None: no pattern matches.
     """
     found = _ALL.match(method, path)
-    return None if found is None else found.value
+    return None if found is None else found[0]
+
+
+#: Classifications by (method, normalized path): clients send the same few URLs over and over, and
+#: a lookup costs less than matching (``classify`` is pure in them). Emptied when full.
+CLASSIFIED_CACHE_SIZE = 8192
+_classified: dict[tuple[str, str], Routed] = {}
 
 
 def route_of(request: Request) -> Routed:
     """``request`` classified: once, kept on the request (raises its 4xx if its target does not parse)."""
-    routed = request.routed
-    if isinstance(routed, Routed):
-        return routed
-    routed = request.routed = classify(request.method, request.target)
+    routed: Routed | None = request.routed
+    if routed is None:
+        target = request.target
+        key = (request.method, target.path)
+        routed = _classified.get(key)
+        if routed is None:
+            routed = classify(request.method, target)
+            if len(_classified) >= CLASSIFIED_CACHE_SIZE:
+                _classified.clear()
+            _classified[key] = routed
+        request.routed = routed
     return routed
 
 
@@ -494,8 +515,8 @@ class TableRouter:
         self._handlers = dict(handlers)
 
     async def __call__(self, request: Request) -> Response:
-        routed = route_of(request)
-        spec = routed.spec
+        routed: Routed | None = request.routed  # classified by the access check, as a rule
+        spec, params = routed if routed is not None else route_of(request)
         handler = self._handlers.get(spec)
         request.path = request.target.path  # normalized once, with the rest of the target
         if handler is None:
@@ -503,7 +524,7 @@ class TableRouter:
                 raise no_route()
             request.route = spec.label
             raise not_allowed(request.method, _allowed(spec))
-        request.params = routed.params
+        request.params = params
         request.route = spec.label
         return await handler(request)
 

@@ -29,7 +29,17 @@ from tiered.api.kit.target import normalize_path
 from tiered.api.kit.types import UNMATCHED, Handler, Request, Response
 from tiered.core.errors import ErrorCode, TieredError
 
-__all__ = ["Match", "Pattern", "Patterns", "Route", "Router", "normalize_path"]
+__all__ = [
+    "Entry",
+    "Match",
+    "Pattern",
+    "Patterns",
+    "Route",
+    "Router",
+    "no_route",
+    "normalize_path",
+    "not_allowed",
+]
 
 _PARAM = re.compile(r"\{(\w+)(\.\.\.)?\}")
 T = TypeVar("T")
@@ -70,36 +80,34 @@ class Pattern:
         return None if m is None else m.groupdict()
 
 
-class Match(NamedTuple, Generic[T]):
-    """What ``Patterns.match`` found: the value for the method (None: no value names it), its parameters."""
+class Entry(Generic[T]):
+    """One pattern and its values by method."""
 
-    value: T | None
-    params: dict[str, str]
-    pattern: Pattern
-    methods: tuple[str, ...]  # the methods the pattern names (``*`` aside), sorted: a 405's ``Allow``
-
-
-class _Entry(Generic[T]):
     __slots__ = ("pattern", "values", "methods")
 
     def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
         self.values: dict[str, T] = {}
-        self.methods: tuple[str, ...] = ()
+        self.methods: tuple[str, ...] = ()  # the methods it names (``*`` aside), sorted: a 405's ``Allow``
+
+
+#: What ``Patterns.match`` found: the value for the method (None: no value names it), the
+#: parameters, the pattern's entry. A plain tuple: it is built for every request.
+Match = tuple[T | None, dict[str, str], Entry[T]]
 
 
 class Patterns(Generic[T]):
     """Patterns in the order added, each with its values by method."""
 
     def __init__(self) -> None:
-        self._entries: list[_Entry[T]] = []
-        self._by_text: dict[str, _Entry[T]] = {}
+        self._entries: list[Entry[T]] = []
+        self._by_text: dict[str, Entry[T]] = {}
 
     def add(self, methods: Iterable[str], pattern: str, value: T) -> None:
         """``methods``: each method ``value`` serves, or ``*`` for every method no other value names."""
         entry = self._by_text.get(pattern)
         if entry is None:
-            entry = self._by_text[pattern] = _Entry(Pattern(pattern))
+            entry = self._by_text[pattern] = Entry(Pattern(pattern))
             self._entries.append(entry)
         for method in methods:
             if method in entry.values:
@@ -107,7 +115,7 @@ class Patterns(Generic[T]):
             entry.values[method] = value
         entry.methods = tuple(sorted(m for m in entry.values if m != "*"))
 
-    def match(self, method: str, path: str) -> Match[T] | None:
+    def match(self, method: str, path: str) -> tuple[T | None, dict[str, str], Entry[T]] | None:
         """The first pattern ``path`` (normalized, still percent-encoded) matches; None: none does."""
         for entry in self._entries:
             params = entry.pattern.match(path)
@@ -120,7 +128,7 @@ class Patterns(Generic[T]):
                     value = values.get("GET")
                 if value is None:
                     value = values.get("*")
-            return Match(value, params, entry.pattern, entry.methods)
+            return value, params, entry
         return None
 
 
@@ -160,17 +168,18 @@ class Router:
         found = self._patterns.match(request.method, normalize_path(request.path))
         if found is None:
             return UNMATCHED
-        return found.value.label if found.value is not None else found.pattern.text
+        route, _, entry = found
+        return route.label if route is not None else entry.pattern.text
 
     async def __call__(self, request: Request) -> Response:
         path = request.path = request.target.path  # normalized once, with the rest of the target
         found = self._patterns.match(request.method, path)
         if found is None:
             raise no_route()
-        route = found.value
+        route, params, entry = found
         if route is None:
-            request.route = found.pattern.text
-            raise not_allowed(request.method, found.methods)
-        request.params = found.params
+            request.route = entry.pattern.text
+            raise not_allowed(request.method, entry.methods)
+        request.params = params
         request.route = route.label
         return await route.handler(request)

@@ -94,6 +94,10 @@ _STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class Family(Enum):
+    # Hashed by identity (members are singletons): the route table looks families up for every request,
+    # and Enum's own hash is a Python-level call.
+    __hash__ = object.__hash__
+
     STREAM = "stream"
     JWKS = "jwks"
     SUBSCRIPTION = "subscription"
