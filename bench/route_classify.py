@@ -11,6 +11,10 @@ stream route's own header parsing. Two requests: an append to the default bucket
 ``--gateway`` also times what a cluster node's shard routing asks of every request before it
 sends it on (scatter plan, shard key, bucket-wide writes), on a fresh request each time.
 
+``--streams N`` spreads the appends over N streams, round robin: past 8,192 (the size of the
+target parser's address cache and of the route table's memo of classifications) every request
+is parsed and classified afresh, as with many streams each appended to rarely.
+
 Run it on two builds for a before/after figure::
 
     PYTHONPATH=/old/tree python bench/route_classify.py
@@ -25,9 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tiered.api import app
@@ -41,7 +46,7 @@ except ImportError:  # pragma: no cover
 
 BODY = b"x" * 256
 HEADERS = {"Content-Type": "application/octet-stream", "Content-Length": "256"}
-TARGETS = {"append /v1/stream": "/v1/stream/bench/s1", "append /v1/buckets": "/v1/buckets/bench/stream/s1"}
+TARGETS = {"append /v1/stream": "/v1/stream/bench/s", "append /v1/buckets": "/v1/buckets/bench/stream/s"}
 
 
 class _Appended:
@@ -109,6 +114,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--gateway", action="store_true", help="also time cluster shard routing's questions")
+    parser.add_argument("--streams", type=int, default=1, help="spread the appends over this many streams")
     args = parser.parse_args()
     loop = asyncio.new_event_loop()
     with tempfile.TemporaryDirectory(prefix="tiered-bench-route-") as data:
@@ -118,20 +124,22 @@ def main() -> None:
             loop.run_until_complete(engine.streams.create_bucket("bench"))
             engine.streams.append = _append  # type: ignore[method-assign]
             chain = app._engine_chain(engine)
-            for label, path in TARGETS.items():
+            for label, prefix in TARGETS.items():
+                paths = itertools.cycle([f"{prefix}{n}" for n in range(args.streams)])
 
-                def one(path: str = path) -> Any:
-                    return chain(Request("POST", path, "", HEADERS, _read))
+                def one(paths: Iterator[str] = paths) -> Any:
+                    return chain(Request("POST", next(paths), "", HEADERS, _read))
 
                 status = loop.run_until_complete(one()).status
                 assert status == 204, status
                 print(f"{label:24} {_best(args.rounds, args.requests, one, loop):7.2f} us/request (chain)")
             if args.gateway:
                 classify = gateway_classifier()
-                for label, path in TARGETS.items():
+                for label, prefix in TARGETS.items():
+                    paths = itertools.cycle([f"{prefix}{n}" for n in range(args.streams)])
 
-                    def ask(path: str = path) -> object:
-                        return classify(Request("POST", path, "", HEADERS, _read))
+                    def ask(paths: Iterator[str] = paths) -> object:
+                        return classify(Request("POST", next(paths), "", HEADERS, _read))
 
                     print(
                         f"{label:24} {_best(args.rounds, args.requests, ask, loop):7.2f} us/request (gateway)"
