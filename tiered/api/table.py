@@ -1,8 +1,9 @@
 """The route table: every route of an engine, one ``RouteSpec`` each, and everything derived from it.
 
 A request is classified once (``route_of``): its target parsed
-(``tiered.api.kit.target``) and matched against the table, the result kept on
-the request. Every layer then reads that one value:
+(``tiered.api.kit.target``) and matched against the table (a pure function of
+the method and path, remembered for the URLs clients repeat), the result kept
+on the request. Every layer then reads that one value:
 
 * the access check (``tiered.api.access``) judges the row's ``scope``, and
   counts the row's ``usage`` class;
@@ -171,9 +172,8 @@ class RouteSpec:
     family: Family  # the target family its pattern's paths parse to
     methods: tuple[str, ...]  # the methods it serves; ``*``: every method the pattern's other rows do not
     pattern: str | None  # ``tiered.api.kit.router`` syntax; None: an unrouted spec
-    handler: (
-        str | None
-    )  # ``feature.attribute`` of ``Features`` (``bind``); None: the router's 405, or 404 when unrouted
+    # ``feature.attribute`` of ``Features`` (bound by ``bind``); None: the router's 405, or 404 when unrouted.
+    handler: str | None
     scope: Scope
     usage: Usage
     shard: Shard
@@ -240,6 +240,7 @@ def _r(
     )
 
 
+# Shorthands for the table below.
 F = Family
 NAMED, GROUP, SUBS, NODE = Shard.NAMED, Shard.GROUP, Shard.SUBSCRIPTIONS, Shard.NODE
 SHARD, SCATTER, WIDE, HERE = Fanout.SHARD, Fanout.SCATTER, Fanout.BUCKET_WIDE, Fanout.NODE
