@@ -9,7 +9,10 @@ stream route's own header parsing. Two requests: an append to the default bucket
 (``/v1/stream/...``) and to a named one (``/v1/buckets/{b}/stream/...``).
 
 ``--gateway`` also times what a cluster node's shard routing asks of every request before it
-sends it on (scatter plan, shard key, bucket-wide writes), on a fresh request each time.
+sends it on (scatter plan, shard key, bucket-wide writes), on a fresh request each time, and
+those questions followed by the engine's chain on the same request (``gateway+chain``: a
+cluster node serving the shard itself; in a route-table build the engine reads the
+classification the gateway made).
 
 ``--streams N`` spreads the appends over N streams, round robin: past 8,192 (the size of the
 target parser's address cache and of the route table's memo of classifications) every request
@@ -143,6 +146,15 @@ def main() -> None:
 
                     print(
                         f"{label:24} {_best(args.rounds, args.requests, ask, loop):7.2f} us/request (gateway)"
+                    )
+
+                    def both(paths: Iterator[str] = paths) -> Any:
+                        request = Request("POST", next(paths), "", HEADERS, _read)
+                        classify(request)
+                        return chain(request)
+
+                    print(
+                        f"{label:24} {_best(args.rounds, args.requests, both, loop):7.2f} us/request (gateway+chain)"
                     )
         finally:
             loop.run_until_complete(engine.stop())

@@ -2,8 +2,8 @@
 
 A request is classified once (``route_of``): its target parsed
 (``tiered.api.kit.target``) and matched against the table (a pure function of
-the method and path, remembered for the URLs clients repeat), the result kept
-on the request. Every layer then reads that one value:
+the method and path), the result kept on the request. Every layer then reads
+that one value:
 
 * the access check (``tiered.api.access``) judges the row's ``scope``, and
   counts the row's ``usage`` class;
@@ -52,7 +52,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from tiered.api.kit.router import Patterns, no_route, normalize_path, not_allowed
-from tiered.api.kit.target import Family, Target
+from tiered.api.kit.target import BUCKETS_PREFIX, STREAM_PREFIX, Family, Target
 from tiered.api.kit.types import UNMATCHED, Handler, Middleware, Request, Response
 from tiered.core.errors import TieredError
 from tiered.core.ids import DEFAULT_BUCKET
@@ -183,7 +183,7 @@ class RouteSpec:
 
 
 class Routed(NamedTuple):
-    """A request, classified: its row and the pattern's parameters (shared: read-only)."""
+    """A request, classified: its row and the pattern's parameters (read-only)."""
 
     spec: RouteSpec
     params: Mapping[str, str]
@@ -403,24 +403,43 @@ _BY_FAMILY: dict[Family, Patterns[RouteSpec]] = {
 }
 _ALL = _patterns(ROUTES)  # for labelling a request whose target does not parse: by its path alone
 _NO_PARAMS: Mapping[str, str] = {}
+_STREAM_AT, _BUCKET_AT = len(STREAM_PREFIX), len(BUCKETS_PREFIX)
 
 
 # ----------------------------------------------------------------- classifying
 
 
+def _by_method(pattern: str) -> dict[str, RouteSpec]:
+    return {method: spec for spec in ROUTES if spec.pattern == pattern for method in spec.methods}
+
+
 _STREAM = Family.STREAM
-_STREAM_PATTERNS = _BY_FAMILY[_STREAM]
+_DEFAULT_STREAM = _by_method("/v1/stream/{path...}")
+_BUCKET_STREAM = _by_method("/v1/buckets/{bucket}/stream/{path...}")
 _routed = tuple.__new__  # a Routed without NamedTuple's Python-level constructor: this runs for every request
 
 
 def classify(method: str, target: Target) -> Routed:
-    """The route a request to ``target`` takes (pure: the same on every node, for every layer)."""
+    """The route a request to ``target`` takes (pure: the same on every node, for every layer).
+
+    The stream routes, the hottest, are matched as their patterns would
+    match them (``tests/api/test_route_table.py`` checks it), from the URL
+    form the target parser told apart, without trying patterns one by one.
+    """
     family = target.family
-    found = (_STREAM_PATTERNS if family is _STREAM else _BY_FAMILY[family]).match(method, target.path)
+    path = target.path
+    if family is _STREAM:
+        if path.startswith(STREAM_PREFIX):
+            rows, params = _DEFAULT_STREAM, {"path": path[_STREAM_AT:]}
+        else:  # /v1/buckets/{bucket}/stream/{path...}: a bucket name has no '/'
+            bucket, _, rest = path[_BUCKET_AT:].partition("/stream/")
+            rows, params = _BUCKET_STREAM, {"bucket": bucket, "path": rest}
+        return _routed(Routed, (rows.get(method) or rows["*"], params))
+    found = _BY_FAMILY[family].match(method, path)
     if found is not None:
-        spec, params, _ = found
+        spec, found_params, _ = found
         if spec is not None:
-            return _routed(Routed, (spec, params))
+            return _routed(Routed, (spec, found_params))
     return _routed(Routed, (_unrouted_spec(method, target), _NO_PARAMS))
 
 
@@ -434,25 +453,11 @@ def route_by_path(method: str, path: str) -> RouteSpec | None:
     return None if found is None else found[0]
 
 
-#: Classifications by (method, normalized path): clients send the same few URLs over and over, and
-#: a lookup costs less than matching (``classify`` is pure in them). Emptied when full.
-CLASSIFIED_CACHE_SIZE = 8192
-_classified: dict[tuple[str, str], Routed] = {}
-
-
 def route_of(request: Request) -> Routed:
     """``request`` classified: once, kept on the request (raises its 4xx if its target does not parse)."""
     routed: Routed | None = request.routed
     if routed is None:
-        target = request.target
-        key = (request.method, target.path)
-        routed = _classified.get(key)
-        if routed is None:
-            routed = classify(request.method, target)
-            if len(_classified) >= CLASSIFIED_CACHE_SIZE:
-                _classified.clear()
-            _classified[key] = routed
-        request.routed = routed
+        routed = request.routed = classify(request.method, request.target)
     return routed
 
 
