@@ -139,9 +139,7 @@ def shard_routing(
                 request.route = token_route_label(path)  # served here: no engine's router names it
                 return await token_routes.serve(request, path)
             return await to_shard(request, _target(target))
-        plan = plan_of(
-            request
-        )  # the request's row in the route table, classified once (``tiered.api.table``)
+        plan = plan_of(request)  # its row in the route table (``tiered.api.table``), classified once
         if plan is not None:
             target = request.headers.get(TARGET_SHARD)
             if target is None:
