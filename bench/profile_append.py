@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "tiered/api/kit/",
             "tiered/api/app.py",
             "tiered/api/access.py",
-            "tiered/cluster/gateway/shard_routing.py",
+            "tiered/cluster/gateway/shard_router.py",
             "tiered/cluster/gateway/shard_router.py",
         ),
     ),

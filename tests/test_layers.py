@@ -25,8 +25,6 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 # Lowest first. A module belongs to the layer of the longest package prefix it matches.

@@ -1,1 +1,1 @@
-"""HTTP in front of one engine: the kit (types, router, error mapper, middleware, server adapters), the routes, the access table, the app."""
+"""HTTP in front of one engine: the route table (table.py, where a request starts), the access it derives, the kit (types, router, error mapper, middleware, server adapters), the routes, the app."""

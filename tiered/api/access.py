@@ -1,11 +1,14 @@
 """What a request touches and what it needs: its bucket, the scope, the stream path, its usage class.
 
-Judged from the request's parsed target (``request.target``, ``tiered.api.kit.target``):
-the decoded bucket, stream, query (``live``) and fork source the routes serve,
-never raw strings. A target that does not parse was refused (its 4xx) before
-this runs, so no spelling reaches a route unchecked.
+Derived from the request's row in the route table (``tiered.api.table``:
+``route_of``, classified once) and its parsed target (``tiered.api.kit.target``):
+the row says what kind of grant the route needs (its ``Scope``) and in which
+usage class it counts; the target says on what: the decoded bucket, stream,
+query (``live``) and fork source the routes serve, never raw strings. A target
+that does not parse was refused (its 4xx) before this runs, so no spelling
+reaches a route unchecked. The routes themselves know nothing of auth.
 
-One table for every route (the routes themselves know nothing of auth):
+The table's rows, as the access check reads them:
 
 | route | bucket | scope | usage class | public read |
 | --- | --- | --- | --- | --- |
@@ -44,26 +47,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
-from tiered.api.kit.target import Family, StreamAddress, Target
+from tiered.api.kit.target import StreamAddress, Target
 from tiered.api.kit.types import Request
+from tiered.api.table import Kind, Missing, Routed, RouteSpec, Where, route_of
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
 from tiered.core.parsing import decode_json
 from tiered.engine.auth.credentials import Level
 
-SELF_AUTHENTICATED = ("callback", "ack", "release")  # carry a subscription wake token
-_SAFE = ("GET", "HEAD")
-
-
-class Kind(Enum):
-    OPEN = "open"  # anyone
-    OPERATOR = "operator"  # the route checks the admin token itself
-    SELF = "self"  # the route checks a token of its own (subscription wakes)
-    ANY = "any"  # any valid credential; the answer shows only what it may see
-    BUCKET = "bucket"  # a scope on a bucket
-    BODY = "body"  # a scope on the bucket the body names (``resolve``, once the caller is known)
+__all__ = [
+    "ANY",
+    "OPEN",
+    "OPERATOR",
+    "SELF",
+    "Access",
+    "AccessMap",
+    "Kind",
+    "fork_missing",
+    "resolve",
+    "system_may",
+]
 
 
 @dataclass(slots=True)
@@ -107,132 +111,82 @@ def system_may(access: Access) -> bool:
     return access.kind is Kind.BUCKET and access.stream is not None
 
 
+_CONSTANT = {Kind.OPEN: OPEN, Kind.OPERATOR: OPERATOR, Kind.SELF: SELF, Kind.ANY: ANY}
+
+
 class AccessMap:
-    """Classifies a request from its parsed target (``request.target``), never from raw strings."""
+    """Judges a request by its row in the route table (``route_of``) and its parsed target."""
 
     def __init__(self, group_bucket: Callable[[str], str | None]) -> None:
-        self._group_bucket = group_bucket
+        self._group_bucket = group_bucket  # a group's bucket, None when there is no such group
 
     def classify(self, request: Request) -> Access:
-        target = request.target  # a target that does not parse is refused here, before any check
-        family = target.family
-        if family is Family.STREAM:
-            return _stream(request.method, target)
-        if family is Family.SUBSCRIPTION or family is Family.CONTROL:
-            return _control(request.method, target)
-        if family is Family.BUCKET:
-            return _bucket(request.method, target)
-        if family is Family.GROUP:
-            return self._group(request.method, target)
-        if family is Family.BUCKETS or family is Family.GROUPS:
-            return ANY
-        if family is Family.ADMIN or family is Family.METRICS:
-            return OPERATOR
-        return OPEN  # the JWKS, health, and no such route
+        routed: Routed | None = request.routed
+        return self.access((routed if routed is not None else route_of(request)).spec, request.target)
 
-    def _group(self, method: str, target: Target) -> Access:
-        name, action = target.name, target.action
-        assert name is not None
-        if method == "PUT" and not action:
-            # Creating a group: its bucket is in the body, read only for a caller that authenticated.
-            return Access(Kind.BODY, request_class="admin")
-        bucket = self._group_bucket(name)
-        if bucket is None:
-            return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
-        reads = (method in _SAFE and not action) or action in ("join", "heartbeat", "leave")
+    def access(self, spec: RouteSpec, target: Target) -> Access:
+        """What a request to ``target`` by the route ``spec`` touches and needs."""
+        scope = spec.scope
+        kind = scope.kind
+        if kind is not _BUCKET:
+            if kind is _BODY:
+                return Access(Kind.BODY, request_class=spec.usage)
+            return _CONSTANT[kind]
+        where = scope.where
+        if where is _TARGET:
+            bucket = target.bucket
+            assert bucket is not None
+        elif where is _DEFAULT:
+            bucket = DEFAULT_BUCKET
+        else:
+            name = target.name
+            assert name is not None
+            found = self._group_bucket(name)
+            if found is None:
+                return ANY  # no such group (or a body the route refuses): nothing to hide, the route answers
+            bucket = found
+        usage: str | None = spec.usage
+        live = target.live is not None and usage == "read"
+        missing = scope.missing
+        return Access(
+            _BUCKET,
+            bucket,
+            scope.level,
+            target.stream if scope.stream else None,
+            scope.whole_bucket,
+            "live" if live else usage,
+            live,
+            _stream_missing if missing is _STREAM_MISSING else _missing(missing, bucket, target),
+            target.fork,
+            scope.public,
+        )
 
-        def missing() -> TieredError:
+
+# Enum members as module names: the access of every request is built from them.
+_BUCKET, _BODY, _TARGET, _DEFAULT, _STREAM_MISSING = (
+    Kind.BUCKET,
+    Kind.BODY,
+    Where.TARGET,
+    Where.DEFAULT,
+    Missing.STREAM,
+)
+
+
+def _missing(missing: Missing, bucket: str, target: Target) -> Callable[[], TieredError] | None:
+    if missing is Missing.STREAM:
+        return _stream_missing
+    if missing is Missing.SUBSCRIPTION:
+        return _subscription_missing
+    if missing is Missing.BUCKET:
+        return lambda: _bucket_missing(bucket)
+    if missing is Missing.GROUP:
+        name = target.name
+
+        def group_missing() -> TieredError:
             return TieredError(ErrorCode.GROUP_NOT_FOUND, f"group {name!r} does not exist")
 
-        return Access(
-            Kind.BUCKET,
-            bucket,
-            Level.READ if reads else Level.ADMIN,
-            whole_bucket=True,
-            request_class="admin",
-            missing=missing,
-        )
-
-
-def _stream(method: str, target: Target) -> Access:
-    bucket, stream = target.bucket, target.stream
-    assert bucket is not None
-    if method == "POST":
-        return Access(
-            Kind.BUCKET, bucket, Level.WRITE, stream, request_class="append", missing=_stream_missing
-        )
-    if method in _SAFE:
-        live = target.live is not None
-        return Access(
-            Kind.BUCKET,
-            bucket,
-            Level.READ,
-            stream,
-            request_class="live" if live else "read",
-            live=live,
-            missing=_stream_missing,
-            public=True,
-        )
-    if method == "PUT":
-        return Access(
-            Kind.BUCKET,
-            bucket,
-            Level.WRITE,
-            stream,
-            request_class="append",
-            missing=lambda: _bucket_missing(bucket),
-            fork=target.fork,
-        )
-    if method == "DELETE":
-        return Access(
-            Kind.BUCKET, bucket, Level.WRITE, stream, request_class="admin", missing=_stream_missing
-        )
-    return Access(Kind.BUCKET, bucket, Level.READ, stream, missing=_stream_missing)  # 405 from the route
-
-
-def _bucket(method: str, target: Target) -> Access:
-    bucket = target.bucket
-    assert bucket is not None
-    if method == "DELETE":
-        return OPERATOR
-    if method == "PUT":
-        return Access(
-            Kind.BUCKET,
-            bucket,
-            Level.ADMIN,
-            whole_bucket=True,
-            request_class="admin",
-            missing=lambda: _bucket_missing(bucket),
-        )
-    return Access(
-        Kind.BUCKET,
-        bucket,
-        Level.READ,
-        request_class="admin",
-        missing=lambda: _bucket_missing(bucket),
-        public=method in _SAFE,
-    )
-
-
-def _control(method: str, target: Target) -> Access:
-    """The subscription APIs: in the default bucket, whole-bucket; wakes carry their own token."""
-    action = target.action
-    if action is None:
-        level = Level.READ if method in _SAFE else Level.ADMIN
-    elif not target.rest and action in SELF_AUTHENTICATED:
-        return SELF
-    elif not target.rest and action == "claim":
-        level = Level.READ
-    else:
-        level = Level.ADMIN
-    return Access(
-        Kind.BUCKET,
-        DEFAULT_BUCKET,
-        level,
-        whole_bucket=True,
-        request_class="admin",
-        missing=_subscription_missing,
-    )
+        return group_missing
+    return None
 
 
 async def resolve(request: Request, access: Access) -> Access:

@@ -1,8 +1,8 @@
 """The service's HTTP handler: every route, behind one chain of middleware.
 
-Order of routes (first match wins): the reserved subscription APIs
-(``/v1/stream/__ds``) before streams, then buckets, groups, admin and
-operations. Middleware, outermost first: request ids (for every log line and
+Routes: the route table (``tiered.api.table``), one row per route, classified
+once per request; its router (``TableRouter``) serves each row's handler.
+Middleware, outermost first: request ids (for every log line and
 response; it also hands each answer, and each client that left, to the
 request metrics and the access log), security headers
 (on every response), CORS preflight (open, no credentials), error mapping,
@@ -29,7 +29,6 @@ from tiered.api.kit.middleware.request_id import request_ids
 from tiered.api.kit.middleware.security_headers import security_headers
 from tiered.api.kit.middleware.usage_count import usage_middleware
 from tiered.api.kit.request_metrics import RequestCounts
-from tiered.api.kit.router import Router
 from tiered.api.kit.types import Handler
 from tiered.api.routes.admin import AdminRoutes
 from tiered.api.routes.auth import AuthRoutes
@@ -38,6 +37,7 @@ from tiered.api.routes.groups import GroupRoutes
 from tiered.api.routes.streams import StreamRoutes
 from tiered.api.routes.subscriptions import SubscriptionRoutes
 from tiered.api.routes.tenants import TenantRoutes
+from tiered.api.table import Features, TableRouter, bind
 from tiered.engine.streams.locators import LOCATOR_SPAN_BYTES
 
 if TYPE_CHECKING:
@@ -54,54 +54,58 @@ def access_log(config: Config, monotonic: Callable[[], float]) -> AccessLog | No
 
 def build_handler(engine: Engine) -> Handler:
     """A single server: one engine's routes behind the whole chain; ``/metrics`` adds the request counts."""
-    router = Router()
-    counts = RequestCounts(router.label)  # auth refusals never reach the router: it labels them anyway
+    exposition_parts: list[Callable[[], bytes]] = [engine.metrics.exposition]
 
     def exposition() -> bytes:
-        return engine.metrics.exposition() + counts.exposition()
+        return b"".join(part() for part in exposition_parts)
 
-    install_routes(router, engine, exposition)
+    router = build_router(engine, exposition)
+    counts = RequestCounts(router.label)  # auth refusals never reach the router: it labels them anyway
+    exposition_parts.append(counts.exposition)
     chain = security_headers(cors_preflight(map_errors(_guarded(engine, router))))
     return request_ids(chain, metrics=counts, access_log=access_log(engine.config, engine.clock.monotonic))
 
 
-def install_routes(router: Router, engine: Engine, exposition: Callable[[], bytes]) -> None:
-    """Every route of one engine (a single server, or one shard's engine in cluster mode)."""
+def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter:
+    """Every route of one engine (a single server, or one shard's engine in cluster mode): the route table's.
+
+    Each feature's handlers, bound to their rows of ``tiered.api.table``; the
+    operator's routes behind the admin guard.
+    """
     c = engine.config
-    guard = AdminGuard.from_config(c)
-    SubscriptionRoutes(engine.subscriptions).install(router)
-    StreamRoutes(
-        engine.streams,
-        engine.clock,
-        read_chunk_bytes=c.read_chunk_bytes,
-        long_poll_timeout_s=c.long_poll_timeout_s,
-        sse_max_connection_s=c.sse_max_connection_s,
-        locator_valid_ms=c.locator_valid_ms,
-        locator_span_bytes=LOCATOR_SPAN_BYTES,
-    ).install(router)
-    BucketRoutes(engine.streams, guard).install(router)
-    GroupRoutes(engine.groups).install(router)
-    AdminRoutes(
-        engine.streams,
-        engine.gc,
-        guard,
-        engine.readiness,
-        exposition,
-        lambda: engine.journal.failed is None,
-    ).install(router)
-    AuthRoutes(engine.auth, guard).install(router)
-    TenantRoutes(engine.tenants, guard).install(router)
+    features = Features(
+        streams=StreamRoutes(
+            engine.streams,
+            engine.clock,
+            read_chunk_bytes=c.read_chunk_bytes,
+            long_poll_timeout_s=c.long_poll_timeout_s,
+            sse_max_connection_s=c.sse_max_connection_s,
+            locator_valid_ms=c.locator_valid_ms,
+            locator_span_bytes=LOCATOR_SPAN_BYTES,
+        ),
+        subscriptions=SubscriptionRoutes(engine.subscriptions),
+        buckets=BucketRoutes(engine.streams),
+        groups=GroupRoutes(engine.groups),
+        admin=AdminRoutes(
+            engine.streams,
+            engine.gc,
+            engine.readiness,
+            exposition,
+            lambda: engine.journal.failed is None,
+        ),
+        auth=AuthRoutes(engine.auth),
+        tenants=TenantRoutes(engine.tenants),
+    )
+    return TableRouter(bind(features, AdminGuard.from_config(c)))
 
 
 def engine_chain(engine: Engine) -> Handler:
     """Cluster mode: one shard's engine, its routes behind its auth and usage middleware (errors unmapped:
     the node's outer chain maps them, once)."""
-    router = Router()
-    install_routes(router, engine, engine.metrics.exposition)
-    return _guarded(engine, router)
+    return _guarded(engine, build_router(engine, engine.metrics.exposition))
 
 
-def _guarded(engine: Engine, router: Router) -> Handler:
+def _guarded(engine: Engine, router: Handler) -> Handler:
     """One engine's routes behind its auth and usage middleware."""
     groups = engine.groups.groups
     access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)

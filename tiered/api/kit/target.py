@@ -4,10 +4,11 @@ Two layers that decode the same path, query or header differently are a
 hole: the access check judges one thing and the route serves another (a fork
 source decoded twice, a ``li%76e=sse`` the check never saw). So the request's
 target is parsed here, once, into a ``Target`` kept on the request
-(``Request.target``), and the access check (``tiered/api/access.py``), the stream and
-subscription routes, and in cluster mode the shard key
-(``tiered.cluster.gateway.routing``) and the catch-up reads answered from the store
-all read that value. A target that does not parse is refused here, with its
+(``Request.target``). The route table (``tiered/api/table.py``) classifies it
+once, by its family and path, into the request's route; the access check
+(``tiered/api/access.py``), the stream and subscription routes, and in cluster
+mode the shard key (``tiered.cluster.gateway.routing``) and the catch-up reads
+answered from the store all read that value. A target that does not parse is refused here, with its
 4xx, before any check runs: nothing downstream ever skips a check because
 its own parse failed.
 
@@ -93,6 +94,10 @@ _STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class Family(Enum):
+    # Hashed by identity (members are singletons): the route table looks families up for every request,
+    # and Enum's own hash is a Python-level call.
+    __hash__ = object.__hash__
+
     STREAM = "stream"
     JWKS = "jwks"
     SUBSCRIPTION = "subscription"

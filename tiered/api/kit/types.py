@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from tiered.api.kit.target import Target, decode_query, parse_target
 
@@ -56,8 +56,9 @@ class Request:
     """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.
 
     ``target`` is what the request names, parsed once (``tiered.api.kit.target``):
-    every layer reads it rather than the raw path, query or headers. The
-    router fills in ``params`` and ``route`` (the matched route's name, for metrics).
+    every layer reads it rather than the raw path, query or headers; so does
+    its route in the route table (``routed``: ``tiered.api.table.route_of``).
+    The router fills in ``params`` and ``route`` (the matched route's name, for metrics).
     """
 
     __slots__ = (
@@ -71,6 +72,7 @@ class Request:
         "route",
         "auth",
         "access",
+        "routed",
         "_read",
         "_query",
         "_target",
@@ -94,10 +96,12 @@ class Request:
         self.headers = headers
         self.scheme = scheme
         self.host = host
-        self.params: dict[str, str] = {}
+        self.params: Mapping[str, str] = {}  # read-only: a route's parameters may be shared between requests
         self.route = UNMATCHED  # until a route matches (or the CORS preflight answers)
         self.auth: AuthView | None = None  # the caller, when auth is on (``tiered.api.kit.middleware.auth``)
         self.access: object | None = None  # what the request touches (``tiered.api.access``), once classified
+        # Its route (``tiered.api.table.route_of``: a ``Routed``, typed there), once classified.
+        self.routed: Any = None
         self._read = read
         self._query: dict[str, str] | None = None
         self._target: Target | None = None

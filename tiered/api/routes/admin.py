@@ -1,6 +1,7 @@
 """Admin and operations routes (extensions of the protocol, for operators).
 
-Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``):
+Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``; the route table,
+``tiered.api.table``, puts the guard before every operator route):
 
 * ``PUT /v1/admin/retention/{bucket}[/{stream path}]`` with
   ``{"retention_ms": int|null, "retention_bytes": int|null}``: age and size
@@ -22,9 +23,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from tiered.api.kit.router import Router
 from tiered.api.kit.target import decode_path
-from tiered.api.kit.types import Middleware, Request, Response, json_response
+from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.core.parsing import UInt, decode_body, query_flag
@@ -51,28 +51,15 @@ class AdminRoutes:
         self,
         streams: StreamService,
         gc: GcRunner | None,
-        guard: Middleware,
         readiness: Readiness,
         metrics: Callable[[], bytes],
         journal_ok: Callable[[], bool],
     ) -> None:
         self.streams = streams
         self.gc = gc
-        self.guard = guard
         self.readiness = readiness
         self.render_metrics = metrics
         self.journal_ok = journal_ok
-
-    def install(self, router: Router) -> None:
-        g = self.guard
-        router.add("PUT", "/v1/admin/retention/{bucket}", g(self.set_bucket_retention))
-        router.add("PUT", "/v1/admin/retention/{bucket}/{path...}", g(self.set_stream_retention))
-        router.add("POST", "/v1/admin/retain/{bucket}/{path...}", g(self.retain))
-        router.add("POST", "/v1/admin/gc", g(self.run_gc))
-        router.add("GET", "/v1/admin/gc", g(self.gc_status))
-        router.add("GET", "/metrics", g(self.metrics))
-        router.add("GET", "/healthz", self.health)
-        router.add("GET", "/readyz", self.ready)
 
     # -------------------------------------------------------------- retention
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tiered.api.kit.router import Router
-from tiered.api.kit.types import Middleware, Request, Response, json_response
+from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import bad_request
 from tiered.core.ids import validate_bucket
 from tiered.core.parsing import UInt, decode_body
@@ -95,20 +94,8 @@ class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AuthRoutes:
-    def __init__(self, service: AuthService, guard: Middleware) -> None:
+    def __init__(self, service: AuthService) -> None:
         self.service = service
-        self.guard = guard
-
-    def install(self, router: Router) -> None:
-        g = self.guard
-        router.add("POST", "/v1/admin/tokens", g(self.issue))
-        router.add("GET", "/v1/admin/tokens", g(self.list))
-        router.add("GET", "/v1/admin/tokens/{id}", g(self.describe))
-        router.add("PUT", "/v1/admin/tokens/{id}", g(self.install_token))
-        router.add("DELETE", "/v1/admin/tokens/{id}", g(self.revoke))
-        router.add("POST", "/v1/admin/tokens/{id}/rotate", g(self.rotate))
-        router.add("GET", "/v1/admin/access/{bucket}", g(self.get_access))
-        router.add("PUT", "/v1/admin/access/{bucket}", g(self.set_access))
 
     async def issue(self, request: Request) -> Response:
         b = decode_body(await request.body(), IssueBody)

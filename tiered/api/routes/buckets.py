@@ -10,24 +10,15 @@
 
 from __future__ import annotations
 
-from tiered.api.kit.router import Router
-from tiered.api.kit.types import Handler, Middleware, Request, Response, json_response
+from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.ids import validate_bucket
 from tiered.core.parsing import decode_json
 from tiered.engine.streams.service import StreamService
 
 
 class BucketRoutes:
-    def __init__(self, service: StreamService, admin: Middleware) -> None:
+    def __init__(self, service: StreamService) -> None:
         self.service = service
-        self.admin = admin
-
-    def install(self, router: Router) -> None:
-        router.add("GET", "/v1/buckets", self.list)
-        router.add("PUT", "/v1/buckets/{bucket}", self.create)
-        router.add("GET", "/v1/buckets/{bucket}", self.describe)
-        erase: Handler = self.admin(self.erase)
-        router.add("DELETE", "/v1/buckets/{bucket}", erase)
 
     async def list(self, request: Request) -> Response:
         buckets = self.service.list_buckets()

@@ -24,7 +24,6 @@ from urllib.parse import unquote
 
 import msgspec
 
-from tiered.api.kit.router import Router
 from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import bad_request
 from tiered.core.ids import DEFAULT_BUCKET, parse_offset
@@ -114,18 +113,6 @@ def _body(raw: bytes, kind: type[Any]) -> Any:
 class GroupRoutes:
     def __init__(self, service: GroupService) -> None:
         self.service = service
-
-    def install(self, router: Router) -> None:
-        p = GROUPS_PREFIX
-        router.add("GET", p, self.list_groups)
-        router.add("PUT", p + "/{group}", self.create)
-        router.add("GET", p + "/{group}", self.describe)
-        router.add("DELETE", p + "/{group}", self.delete)
-        router.add("POST", p + "/{group}/join", self.join)
-        router.add("POST", p + "/{group}/heartbeat", self.heartbeat)
-        router.add("POST", p + "/{group}/leave", self.leave)
-        router.add("POST", p + "/{group}/streams", self.link)
-        router.add("DELETE", p + "/{group}/streams/{path...}", self.unlink)
 
     # ---------------------------------------------------------------- admin
 

@@ -4,9 +4,11 @@
   clients and the conformance suite use);
 * ``/v1/buckets/{bucket}/stream/{path}``: a stream in an explicit bucket.
 
-The stream's address, the live mode and a fork's source come from the
-request's parsed target (``tiered.api.kit.target``), the very value the access
-check judged: never parsed again here. Handlers parse the other headers into
+Each operation is a row of the route table (``tiered.api.table``: ``append``,
+``read``, ``head``, ``create``, ``delete``, and a 405 for any other method),
+bound to its ``serve_*`` handler. The stream's address, the live mode and a
+fork's source come from the request's parsed target (``tiered.api.kit.target``),
+the very value the access check judged: never parsed again here. Handlers parse the other headers into
 requests, call ``StreamService`` and render its answers; protocol rules live
 in ``protocol``, state rules in the state machine, and errors are
 ``TieredError`` codes mapped in ``tiered.api.kit.errors``.
@@ -16,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-from tiered.api.kit.router import Router
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
-from tiered.api.kit.types import LiveLease, Request, Response
+from tiered.api.kit.types import Handler, LiveLease, Request, Response
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
 from tiered.core.content import is_text_like, json_messages_to_array, valid_media_type
@@ -36,8 +37,6 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
 
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
-#: Metrics labels of stream operations (``route`` in ``tiered_http_requests_total``).
-OPERATION_LABELS = {"POST": "append", "GET": "read", "HEAD": "head", "PUT": "create", "DELETE": "delete"}
 
 
 class StreamRoutes:
@@ -60,39 +59,35 @@ class StreamRoutes:
         self.read_chunk_bytes = read_chunk_bytes
         self.long_poll_timeout_s = long_poll_timeout_s
         self.sse_max_connection_s = sse_max_connection_s
-        self._methods: dict[str, StreamHandler] = {
-            "POST": self.append,
-            "GET": self.read,
-            "HEAD": self.head,
-            "PUT": self.create,
-            "DELETE": self.delete,
-        }
+        # The route table's handlers (``tiered.api.table``): each checks the headers, then serves.
+        self.serve_append = self._checked(self.append)
+        self.serve_read = self._checked(self.read)
+        self.serve_head = self._checked(self.head)
+        self.serve_create = self._checked(self.create)
+        self.serve_delete = self._checked(self.delete)
 
-    def install(self, router: Router) -> None:
-        for pattern in ("/v1/stream/{path...}", "/v1/buckets/{bucket}/stream/{path...}"):
-            # One label per operation, whichever bucket (tiered_http_requests_total{route="append"}).
-            for method, label in OPERATION_LABELS.items():
-                router.add(method, pattern, self.dispatch, label=label)
-            router.add("*", pattern, self.dispatch)  # any other method: 405 from dispatch
+    def _checked(self, handler: StreamHandler) -> Handler:
+        async def serve(request: Request) -> Response:
+            target = request.target  # parsed once (and cached per path): what the access check judged
+            bucket, path = target.bucket, target.stream
+            assert bucket is not None and path is not None
+            headers = request.headers
+            check_header_lengths(headers)  # first: an oversized value costs one comparison
+            for name in _TEXT_HEADERS:
+                value = headers.get(name)
+                if value is not None and not _clean_header(value):
+                    raise bad_request(f"{name} must be printable UTF-8 text")
+            return await handler(request, bucket, path)
 
-    async def dispatch(self, request: Request) -> Response:
-        handler = self._methods.get(request.method)
-        if handler is None:
-            raise TieredError(
-                ErrorCode.METHOD_NOT_ALLOWED,
-                f"method {request.method} is not allowed on a stream",
-                allow="GET, HEAD, PUT, POST, DELETE",
-            )
-        target = request.target  # parsed once (and cached per path): what the access check judged
-        bucket, path = target.bucket, target.stream
-        assert bucket is not None and path is not None
-        headers = request.headers
-        check_header_lengths(headers)  # first: an oversized value costs one comparison
-        for name in _TEXT_HEADERS:
-            value = headers.get(name)
-            if value is not None and not _clean_header(value):
-                raise bad_request(f"{name} must be printable UTF-8 text")
-        return await handler(request, bucket, path)
+        return serve
+
+    async def not_allowed(self, request: Request) -> Response:
+        """Any other method on a stream."""
+        raise TieredError(
+            ErrorCode.METHOD_NOT_ALLOWED,
+            f"method {request.method} is not allowed on a stream",
+            allow="GET, HEAD, PUT, POST, DELETE",
+        )
 
     # ---------------------------------------------------------------- create
 

@@ -1,14 +1,17 @@
 """Routes of the reserved subscription APIs (protocol sections 6 and 7).
 
-Everything under ``/v1/stream/__ds`` is routed here, before stream routes:
+Everything under ``/v1/stream/__ds`` is routed here, before stream routes
+(rows of the route table, ``tiered.api.table``, each bound to a ``serve_*``
+handler, or to this feature's 405 or 404):
 
 * ``PUT|GET|DELETE /v1/stream/__ds/subscriptions/{id}``
 * ``POST /v1/stream/__ds/subscriptions/{id}/streams``, ``DELETE .../streams/{path}``
 * ``POST /v1/stream/__ds/subscriptions/{id}/callback|claim|ack|release``
 * ``GET /v1/stream/__ds/jwks.json``
 
-Routes parse and validate, ``SubscriptionService`` decides and commits. Errors
-carry the protocol's codes (an unavailable journal is ``UNAVAILABLE`` here).
+Routes parse and validate (the id first, then the method), ``SubscriptionService``
+decides and commits. Errors carry the protocol's codes (an unavailable journal
+is ``UNAVAILABLE`` here).
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
-from tiered.api.kit.router import Router
-from tiered.api.kit.target import Family
-from tiered.api.kit.types import Request, Response, json_response
+from tiered.api.kit.types import Handler, Request, Response, json_response
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.parsing import decode_json
 from tiered.engine.subscriptions.config import (
@@ -34,8 +35,8 @@ from tiered.engine.subscriptions.delivery import CONTROL_PREFIX
 from tiered.engine.subscriptions.service import SubscriptionService
 
 JWKS_PATH = "/jwks.json"
-ACTIONS = ("callback", "claim", "ack", "release")
 _UNAVAILABLE = (ErrorCode.JOURNAL_FAILED, ErrorCode.STORE_UNAVAILABLE, ErrorCode.HOT_TIER_FULL)
+SubscriptionHandler = Callable[[Request, str], Awaitable[Response]]
 
 
 def _not_allowed(method: str, allowed: str) -> TieredError:
@@ -50,6 +51,21 @@ def _bearer(request: Request) -> str:
     return token
 
 
+def _control_not_found() -> TieredError:
+    return TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Durable Streams control route not found")
+
+
+def _refuse(allowed: str) -> SubscriptionHandler:
+    async def refuse(request: Request, sub_id: str) -> Response:
+        raise _not_allowed(request.method, allowed)
+
+    return refuse
+
+
+async def _no_such_route(request: Request, sub_id: str) -> Response:
+    raise _control_not_found()
+
+
 def _strict_unquote(raw: str, what: str) -> str:
     try:
         return unquote(raw, errors="strict")
@@ -57,14 +73,60 @@ def _strict_unquote(raw: str, what: str) -> str:
         raise invalid(f"the {what} is not valid UTF-8") from None
 
 
+def _available(handler: Handler) -> Handler:
+    """``handler`` with the store's and journal's unavailability answered as ``UNAVAILABLE`` (retry)."""
+
+    async def serve(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except TieredError as exc:
+            if exc.code in _UNAVAILABLE:
+                raise TieredError(ErrorCode.UNAVAILABLE, exc.message, retry_after_s=5) from None
+            raise
+
+    return serve
+
+
+def _sub_id(request: Request) -> str:
+    """The subscription id, as the request's target parsed it (``tiered.api.kit.target``), validated."""
+    name = request.target.name
+    assert name is not None  # the table routes only subscription targets here
+    return validate_subscription_id(name)
+
+
 class SubscriptionRoutes:
     def __init__(self, service: SubscriptionService) -> None:
         self.service = service
+        # The route table's handlers (``tiered.api.table``).
+        self.serve_jwks = _available(self._jwks)
+        self.serve_put = self._subscription(self.put)
+        self.serve_get = self._subscription(self.get)
+        self.serve_delete = self._subscription(self.delete)
+        self.serve_add_streams = self._subscription(self.add_streams)
+        self.serve_remove_stream = self._subscription(self._remove_stream)
+        self.serve_callback = self._subscription(self.callback)
+        self.serve_ack = self._subscription(self.ack)
+        self.serve_release = self._subscription(self.release)
+        self.serve_claim = self._subscription(self.claim)
+        self.not_allowed = self._subscription(_refuse("PUT, GET, HEAD, DELETE"))
+        self.only_post = self._subscription(_refuse("POST"))
+        self.only_delete = self._subscription(_refuse("DELETE"))
+        self.no_such_action = self._subscription(_no_such_route)
 
-    def install(self, router: Router) -> None:
-        # Before the stream routes: __ds is never an application stream.
-        router.add("*", CONTROL_PREFIX, self.dispatch)
-        router.add("*", CONTROL_PREFIX + "/{tail...}", self.dispatch)
+    @staticmethod
+    async def jwks_not_allowed(request: Request) -> Response:
+        raise _not_allowed(request.method, "GET, HEAD")
+
+    @staticmethod
+    async def not_found(request: Request) -> Response:
+        """Anything else under ``/v1/stream/__ds``."""
+        raise _control_not_found()
+
+    def _subscription(self, handler: SubscriptionHandler) -> Handler:
+        async def serve(request: Request) -> Response:
+            return await handler(request, _sub_id(request))
+
+        return _available(serve)
 
     def _base_url(self, request: Request) -> str:
         # An unsound Host header gives relative URLs rather than echoing its bytes.
@@ -77,62 +139,13 @@ class SubscriptionRoutes:
         raw = await request.body()
         return decode_json(raw, code=ErrorCode.INVALID_REQUEST) if raw.strip() else {}
 
-    async def dispatch(self, request: Request) -> Response:
-        try:
-            return await self._dispatch(request)
-        except TieredError as exc:
-            if exc.code in _UNAVAILABLE:
-                raise TieredError(ErrorCode.UNAVAILABLE, exc.message, retry_after_s=5) from None
-            raise
-
-    async def _dispatch(self, request: Request) -> Response:
-        # Segments as the request's target parsed them (``tiered.api.kit.target``), the access check's too.
-        target = request.target
-        if target.family is Family.JWKS:
-            if request.method not in ("GET", "HEAD"):
-                raise _not_allowed(request.method, "GET, HEAD")
-            return json_response(
-                await self.service.jwks(),
-                200,
-                {"Cache-Control": "public, max-age=300"},
-                content_type="application/jwk-set+json",
-            )
-        if target.family is Family.SUBSCRIPTION and target.name is not None:
-            sub_id = validate_subscription_id(target.name)
-            tail = [] if target.action is None else [target.action, *target.rest]
-            handler = self._route(request, tail)
-            if handler is not None:
-                return await handler(request, sub_id)
-        raise TieredError(ErrorCode.SUBSCRIPTION_NOT_FOUND, "Durable Streams control route not found")
-
-    def _route(
-        self, request: Request, tail: list[str]
-    ) -> Callable[[Request, str], Awaitable[Response]] | None:
-        method = request.method
-        if not tail:
-            handler = {"PUT": self.put, "GET": self.get, "HEAD": self.get, "DELETE": self.delete}.get(method)
-            if handler is None:
-                raise _not_allowed(method, "PUT, GET, HEAD, DELETE")
-            return handler
-        if tail[0] == "streams" and len(tail) == 1:
-            if method != "POST":
-                raise _not_allowed(method, "POST")
-            return self.add_streams
-        if tail[0] == "streams":
-            if method != "DELETE":
-                raise _not_allowed(method, "DELETE")
-            path = _strict_unquote("/".join(tail[1:]), "stream path").strip("/")
-
-            async def remove(request: Request, sub_id: str) -> Response:
-                return await self.remove_stream(sub_id, path)
-
-            return remove
-        if len(tail) == 1 and tail[0] in ACTIONS:
-            if method != "POST":
-                raise _not_allowed(method, "POST")
-            action: Callable[[Request, str], Awaitable[Response]] = getattr(self, tail[0])
-            return action
-        return None
+    async def _jwks(self, request: Request) -> Response:
+        return json_response(
+            await self.service.jwks(),
+            200,
+            {"Cache-Control": "public, max-age=300"},
+            content_type="application/jwk-set+json",
+        )
 
     # ------------------------------------------------------------- subscriptions
 
@@ -158,6 +171,11 @@ class SubscriptionRoutes:
     async def add_streams(self, request: Request, sub_id: str) -> Response:
         await self.service.add_streams(sub_id, parse_streams_body(await self._json(request)))
         return Response(204)
+
+    async def _remove_stream(self, request: Request, sub_id: str) -> Response:
+        # The stream path's raw segments, as the target split them (they may hold encoded slashes).
+        path = _strict_unquote("/".join(request.target.rest), "stream path").strip("/")
+        return await self.remove_stream(sub_id, path)
 
     async def remove_stream(self, sub_id: str, path: str) -> Response:
         if not path:

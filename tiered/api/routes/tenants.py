@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiered.api.kit.router import Router
-from tiered.api.kit.types import Middleware, Request, Response, json_response
+from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import validate_bucket
 from tiered.core.parsing import decode_json
@@ -33,15 +32,8 @@ def _overrides(raw: bytes) -> dict[str, int | None]:
 
 
 class TenantRoutes:
-    def __init__(self, service: TenantService, guard: Middleware) -> None:
+    def __init__(self, service: TenantService) -> None:
         self.service = service
-        self.guard = guard
-
-    def install(self, router: Router) -> None:
-        g = self.guard
-        router.add("GET", "/v1/admin/quotas/{bucket}", g(self.get_quotas))
-        router.add("PUT", "/v1/admin/quotas/{bucket}", g(self.set_quotas))
-        router.add("GET", "/v1/admin/usage", g(self.usage))
 
     async def get_quotas(self, request: Request) -> Response:
         bucket = validate_bucket(request.params["bucket"])

@@ -1,12 +1,15 @@
-"""Which shard a request belongs to, from its method and parsed target alone (pure).
+"""Which shard a request belongs to, and which shards a bucket-wide write goes to: read from the route table.
 
 Every node computes the same answer for the same request, so any node can
 accept any request and send it where its shard is served. The key is the
-``(bucket, name)`` pair ``shards.shard_of`` hashes, read from the request's
-target (``tiered.api.kit.target``): the same decoded names the access check
-judges and the routes serve, so both spellings of one stream meet in one
-shard, and a path that does not parse is refused (400) by the node the client
-reached, before it goes anywhere.
+``(bucket, name)`` pair ``shards.shard_of`` hashes, by the rule of the
+request's row in the route table (``tiered.api.table``: its ``shard``) applied
+to the request's parsed target (``tiered.api.kit.target``): the same decoded
+names the access check judges and the routes serve, so both spellings of one
+stream meet in one shard, and a path that does not parse is refused (400) by
+the node the client reached, before it goes anywhere. The rule depends on what
+the target names, never on the method: every request about a stream meets in
+its shard.
 
 | Request | Key |
 |---|---|
@@ -14,41 +17,28 @@ reached, before it goes anywhere.
 | ``/v1/buckets/{bucket}/stream/{path}`` | ``(bucket, path)`` |
 | ``/v1/buckets/{bucket}`` | ``(bucket, "")``: the bucket's well-known shard |
 | ``/v1/admin/retention/{bucket}[/{path}]``, ``/v1/admin/retain/{bucket}/{path}`` | as the stream or bucket |
-| ``/v1/admin/quotas/{bucket}``, ``/v1/admin/access/{bucket}`` | ``(bucket, "")`` (a ``PUT`` goes to every shard) |
+| ``/v1/admin/quotas/{bucket}``, ``/v1/admin/access/{bucket}`` | ``(bucket, "")`` |
 | ``/v1/groups/{group}[/...]`` | ``(default, "__groups/" + group)`` |
 | ``/v1/stream/__ds/...`` (subscriptions) | ``(default, "__ds")``: one well-known shard |
 
 Requests with no key (``/healthz``, ``/readyz``, ``/metrics``, listings of
 every bucket or group, a GC run) are the node's own.
+
+A row whose fan-out is ``BUCKET_WIDE`` (a bucket's create and erase, the
+``PUT`` of its quotas, access and retention) goes to every shard instead:
+each shard's engine must know the bucket before it accepts streams in it, and
+enforces its settings for its own streams (``fanout_bucket``).
 """
 
 from __future__ import annotations
 
 from tiered.api.kit.target import Family, Target
-from tiered.core.ids import DEFAULT_BUCKET
+from tiered.api.kit.types import Request
+from tiered.api.table import SUBSCRIPTIONS_KEY, Fanout, RouteSpec, classify, route_of, shard_key
 
-__all__ = ["SUBSCRIPTIONS_KEY", "bucket_write", "is_write", "shard_key"]
+__all__ = ["SUBSCRIPTIONS_KEY", "bucket_write", "fanout_bucket", "is_write", "shard_key"]
 
-SUBSCRIPTIONS_KEY = (DEFAULT_BUCKET, "__ds")
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_CONTROL = (Family.JWKS, Family.SUBSCRIPTION, Family.CONTROL)
-
-
-def shard_key(target: Target) -> tuple[str, str] | None:
-    """The (bucket, name) whose shard serves a request to ``target``; None: any node."""
-    family = target.family
-    if family is Family.STREAM or family is Family.ADMIN:
-        if target.bucket is None:
-            return None  # an admin route naming no bucket: the node's own
-        return target.bucket, target.stream or ""
-    if family is Family.BUCKET:
-        assert target.bucket is not None
-        return target.bucket, ""
-    if family is Family.GROUP:
-        return DEFAULT_BUCKET, "__groups/" + (target.name or "")
-    if family in _CONTROL:
-        return SUBSCRIPTIONS_KEY
-    return None
 
 
 def is_write(method: str) -> bool:
@@ -56,12 +46,19 @@ def is_write(method: str) -> bool:
     return method not in _READ_METHODS
 
 
-def bucket_write(method: str, target: Target) -> str | None:
-    """The bucket a create or erase (``PUT``/``DELETE /v1/buckets/{bucket}``) names; None for anything else.
-
-    These go to every shard: each shard's engine must know the bucket before
-    it accepts streams in it (and forget it when it is erased).
-    """
-    if method not in ("PUT", "DELETE") or target.family is not Family.BUCKET:
+def _bucket_wide(method: str, spec: RouteSpec, target: Target) -> str | None:
+    if spec.fanout is not Fanout.BUCKET_WIDE or method not in spec.methods:
         return None
     return target.bucket
+
+
+def fanout_bucket(request: Request) -> str | None:
+    """The bucket a bucket-wide write names (its row's fan-out is ``BUCKET_WIDE``); None for anything else."""
+    return _bucket_wide(request.method, route_of(request).spec, request.target)
+
+
+def bucket_write(method: str, target: Target) -> str | None:
+    """The bucket a create or erase (``PUT``/``DELETE /v1/buckets/{bucket}``) names; None for anything else."""
+    if target.family is not Family.BUCKET:
+        return None
+    return _bucket_wide(method, classify(method, target).spec, target)

@@ -5,9 +5,12 @@ engine. In cluster mode each shard's engine knows only its own streams and
 groups, so the node the client reached sends one sub-request per shard
 (``Tiered-Shard: n``, served by that shard's engine wherever it is: here or
 forwarded to the owner) and merges the answers into the body a single
-server gives (``tiered/cluster/gateway/shard_router.py`` is the shell):
+server gives (``tiered/cluster/gateway/shard_router.py`` is the shell).
+Which requests: the rows of the route table (``tiered.api.table``) whose
+fan-out is ``SCATTER``, for the methods they name (a ``HEAD`` served as a
+``GET`` is answered by one shard); each names its merge here (``PLANS``):
 
-| Request | Merge |
+| Request (row) | Merge |
 |---|---|
 | ``GET /v1/buckets`` | union by name, sorted; a bucket's ``created_ms`` from its well-known shard |
 | ``GET /v1/buckets/{b}`` | the well-known shard's description, ``streams`` summed over every shard |
@@ -20,7 +23,7 @@ Any shard's refusal is the answer (the lowest shard's first), except that a
 usage query for one bucket ignores shards that never heard of it (404) unless
 every shard says 404. Bucket-wide *writes* (create, erase, quotas, access,
 a bucket's retention) go to every shard too, and are answered with the
-well-known shard's answer (``bucket_wide_write``).
+well-known shard's answer (``tiered.cluster.gateway.routing.fanout_bucket``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiered.api.kit.target import Family, Target
+from tiered.api.kit.types import Request
+from tiered.api.table import Fanout, RouteSpec, classify, route_by_path, route_of
 
 __all__ = [
+    "PLANS",
     "Answer",
     "ScatterPlan",
     "bucket_wide_write",
@@ -41,6 +47,7 @@ __all__ = [
     "merge_gc_status",
     "merge_groups",
     "merge_usage",
+    "plan_of",
     "scatter_plan",
     "sum_json",
 ]
@@ -173,31 +180,36 @@ def merge_gc_status(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
 
 
 _NO_STORE = (("Cache-Control", "no-store"),)
-_LIST_BUCKETS = ScatterPlan("buckets", merge_buckets)
-_DESCRIBE = ScatterPlan("describe", merge_describe)
-_LIST_GROUPS = ScatterPlan("groups", merge_groups)
-_USAGE = ScatterPlan("usage", merge_usage, _NO_STORE, tolerate_not_found=True)
-_GC_RUN = ScatterPlan("gc", merge_gc_report)
-_GC_STATUS = ScatterPlan("gc-status", merge_gc_status)
+#: Each merge a ``SCATTER`` row of the route table names (``RouteSpec.scatter``).
+PLANS: dict[str, ScatterPlan] = {
+    plan.kind: plan
+    for plan in (
+        ScatterPlan("buckets", merge_buckets),
+        ScatterPlan("describe", merge_describe),
+        ScatterPlan("groups", merge_groups),
+        ScatterPlan("usage", merge_usage, _NO_STORE, tolerate_not_found=True),
+        ScatterPlan("gc", merge_gc_report),
+        ScatterPlan("gc-status", merge_gc_status),
+    )
+}
+
+
+def _plan(method: str, spec: RouteSpec) -> ScatterPlan | None:
+    if spec.fanout is not Fanout.SCATTER or method not in spec.methods:
+        return None
+    assert spec.scatter is not None
+    return PLANS[spec.scatter]
+
+
+def plan_of(request: Request) -> ScatterPlan | None:
+    """The plan of a request every shard answers a part of (its row's, ``route_of``); None for anything else."""
+    return _plan(request.method, route_of(request).spec)
 
 
 def scatter_plan(method: str, path: str) -> ScatterPlan | None:
-    """The plan of a request every shard answers a part of; None for anything else."""
-    if method == "GET":
-        if path == "/v1/buckets":
-            return _LIST_BUCKETS
-        if path == "/v1/groups":
-            return _LIST_GROUPS
-        if path == "/v1/admin/usage":
-            return _USAGE
-        if path == "/v1/admin/gc":
-            return _GC_STATUS
-        if path.startswith("/v1/buckets/"):
-            tail = path[len("/v1/buckets/") :]
-            return _DESCRIBE if tail and "/" not in tail else None
-    if method == "POST" and path == "/v1/admin/gc":
-        return _GC_RUN
-    return None
+    """``plan_of`` a request to ``path`` (normalized), by its pattern alone (``route_by_path``)."""
+    spec = route_by_path(method, path)
+    return None if spec is None else _plan(method, spec)
 
 
 def refusal(answers: Sequence[Answer], plan: ScatterPlan) -> Answer | None:
@@ -205,16 +217,17 @@ def refusal(answers: Sequence[Answer], plan: ScatterPlan) -> Answer | None:
     return _first_refusal(answers, tolerate_not_found=plan.tolerate_not_found)
 
 
-_BUCKET_WIDE = ("/v1/admin/quotas/", "/v1/admin/access/", "/v1/admin/retention/")
-
-
 def bucket_wide_write(method: str, target: Target) -> str | None:
     """The bucket a bucket-wide setting names (``PUT`` of its quotas, access or retention); else None.
 
     Every shard's engine enforces these for its own streams, so, like a
-    bucket's create, they go to every shard. The bucket is the one the
-    request's target parsed (``tiered.api.kit.target``).
+    bucket's create, they go to every shard (their rows' fan-out is
+    ``BUCKET_WIDE``). The bucket is the one the request's target parsed
+    (``tiered.api.kit.target``).
     """
-    if method != "PUT" or target.family is not Family.ADMIN or target.bucket is None or target.stream:
+    if target.family is not Family.ADMIN:
         return None
-    return target.bucket if target.path.startswith(_BUCKET_WIDE) else None
+    spec = classify(method, target).spec
+    if spec.fanout is not Fanout.BUCKET_WIDE or method not in spec.methods:
+        return None
+    return target.bucket

@@ -82,8 +82,8 @@ from tiered.cluster.gateway.forward import (
     idempotent,
     moved_away,
 )
-from tiered.cluster.gateway.routing import bucket_write, is_write, shard_key
-from tiered.cluster.gateway.scatter import Answer, ScatterPlan, bucket_wide_write, refusal, scatter_plan
+from tiered.cluster.gateway.routing import fanout_bucket, is_write, shard_key
+from tiered.cluster.gateway.scatter import Answer, ScatterPlan, plan_of, refusal
 from tiered.cluster.gateway.subrequest import TARGET_SHARD, shard_request
 from tiered.cluster.membership.secret import SIGNATURE_HEADER, NodeSigner, target_of
 from tiered.core.clock import Clock
@@ -200,12 +200,12 @@ class ShardRouter:
                 request.route = self.tokens.label(path)  # served here: no engine's router names it
                 return await self.tokens.serve(request, path)
             return await self.send(request, self._target(target))
-        plan = scatter_plan(request.method, path)
+        plan = plan_of(request)  # its row in the route table (``tiered.api.table``), classified once
         if plan is not None:
             if target is None:
                 return await self._gather(request, plan, self._home(parsed))
             return await self.send(request, self._target(target))
-        bucket = bucket_write(request.method, parsed) or bucket_wide_write(request.method, parsed)
+        bucket = fanout_bucket(request)
         if bucket is not None:
             if target is None:
                 return await self._fan_out(request, self.view.shard_of(bucket, ""))

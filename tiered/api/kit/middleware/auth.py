@@ -1,6 +1,7 @@
 """Middleware: who is calling, and may they? Every data-plane request passes the one scope check.
 
-``tiered.api.access`` says what a request touches; ``AuthService`` turns the
+``tiered.api.access`` says what a request touches (its row's scope in the route
+table, ``tiered.api.table``, applied to its target); ``AuthService`` turns the
 ``Authorization`` header into a ``Principal`` (tiered token, the operator's
 admin token, or a JWT), or takes a node's signed system call on a stream route for the
 operator (``tiered.api.access.system_may``); ``tiered.engine.auth.credentials.authorize`` judges it:
