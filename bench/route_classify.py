@@ -41,7 +41,6 @@ from typing import Any
 from tiered.api import app
 from tiered.api.kit.types import Request
 from tiered.core.config import Config
-
 from tiered.engine.engine import Engine
 
 BODY = b"x" * 256

@@ -1,4 +1,9 @@
-"""Append (POST) and close: 204s, tails, content-type rules, Stream-Seq, closure."""
+"""Append (POST) and close: 204s, tails, content-type rules, Stream-Seq, closure.
+
+Each test runs on one node, on a single-node cluster (every shard's engine behind shard
+routing) and on one in object-store durability (every acknowledgement after a WAL commit):
+the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.http_helpers import (
     Background,
     append,
@@ -14,7 +20,6 @@ from tests.support.http_helpers import (
     create,
     error_message,
     head,
-    module_server,
     new_stream,
     read,
     request,
@@ -27,9 +32,11 @@ from tests.support.server_process import ServerProcess
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "append")
+@pytest.fixture(
+    scope="module", params=(deployments.SINGLE_NODE, deployments.CLUSTER_NODE, deployments.CLUSTER_NODE_WAL)
+)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "append")
 
 
 def test_append_is_204_with_increasing_next_offset(srv: ServerProcess) -> None:

@@ -1,4 +1,8 @@
-"""Buckets: /v1/buckets, /v1/buckets/{bucket}, and streams addressed inside a bucket."""
+"""Buckets: /v1/buckets, /v1/buckets/{bucket}, and streams addressed inside a bucket.
+
+Each test runs on one node and on a single-node cluster of 4 shards (listings and
+descriptions merged over shards): the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.http_helpers import (
     append,
     create,
     error_message,
     head,
-    module_server,
     read,
     request,
     stream_url,
@@ -24,9 +28,9 @@ from tests.support.server_process import ServerProcess
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "buckets")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "buckets")
 
 
 def bucket_name() -> str:

@@ -1,4 +1,8 @@
-"""Create (PUT): 201, idempotent 200, 409 on a different configuration, 400 on bad headers."""
+"""Create (PUT): 201, idempotent 200, 409 on a different configuration, 400 on bad headers.
+
+Each test runs on one node and on a single-node cluster (every shard's engine behind
+shard routing): the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.http_helpers import (
     append,
     assert_security_headers,
@@ -14,7 +19,6 @@ from tests.support.http_helpers import (
     create,
     error_message,
     head,
-    module_server,
     read,
     request,
     stream_url,
@@ -28,9 +32,9 @@ ZERO = "0000000000000000_0000000000000000"
 OFFSET_RE = re.compile(r"\d{16}_\d{16}")
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "create")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "create")
 
 
 def url(srv: ServerProcess, prefix: str = "create") -> str:

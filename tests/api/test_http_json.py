@@ -1,4 +1,8 @@
-"""JSON mode: message boundaries, one-level array flattening, validation, array reads."""
+"""JSON mode: message boundaries, one-level array flattening, validation, array reads.
+
+Each test runs on one node and on a single-node cluster (every shard's engine behind
+shard routing): the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.http_helpers import (
     append,
     close,
     create,
     error_message,
     head,
-    module_server,
     new_stream,
     read,
     request,
@@ -28,9 +32,9 @@ pytestmark = pytest.mark.timeout(60)
 JSON = "application/json"
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "json")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "json")
 
 
 def messages(u: str, offset: str = "-1") -> list[object]:

@@ -1,4 +1,8 @@
-"""Live reads: long-poll (waiting, timeouts, closure, cursors) and SSE (framing, encoding, closure)."""
+"""Live reads: long-poll (waiting, timeouts, closure, cursors) and SSE (framing, encoding, closure).
+
+Each test runs on one node and on a single-node cluster (every shard's engine behind
+shard routing): the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.deadlines import scaled
 from tests.support.http_helpers import (
     Background,
@@ -20,7 +25,6 @@ from tests.support.http_helpers import (
     create,
     error_message,
     head,
-    module_server,
     new_stream,
     read,
     request,
@@ -37,15 +41,15 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 CHUNK = 3  # --read-chunk-bytes of the chunky server
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "live")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "live")
 
 
-@pytest.fixture(scope="module")
-def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def chunky(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """At most CHUNK bytes per read: smaller than some UTF-8 characters."""
-    yield from module_server(tmp_path_factory, "live-chunky", "--read-chunk-bytes", str(CHUNK))
+    yield from deployments.module_server(request, "live-chunky", "--read-chunk-bytes", str(CHUNK))
 
 
 def long_poll(u: str, offset: str, cursor: str | None = None) -> tuple[int, object, bytes]:

@@ -1,4 +1,9 @@
-"""Idempotent producers (Producer-Id / Producer-Epoch / Producer-Seq)."""
+"""Idempotent producers (Producer-Id / Producer-Epoch / Producer-Seq).
+
+Each test runs on one node, on a single-node cluster (every shard's engine behind shard
+routing) and on one in object-store durability (every acknowledgement after a WAL commit):
+the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.http_helpers import (
     append,
     error_message,
     head,
-    module_server,
     new_stream,
     read,
     request,
@@ -24,9 +29,11 @@ pytestmark = pytest.mark.timeout(60)
 MAX_SAFE = 2**53 - 1
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "producers")
+@pytest.fixture(
+    scope="module", params=(deployments.SINGLE_NODE, deployments.CLUSTER_NODE, deployments.CLUSTER_NODE_WAL)
+)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "producers")
 
 
 def produce(

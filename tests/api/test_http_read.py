@@ -1,4 +1,8 @@
-"""Catch-up reads, HEAD and DELETE: byte-exact bodies, offsets, ETags, caching, chunking."""
+"""Catch-up reads, HEAD and DELETE: byte-exact bodies, offsets, ETags, caching, chunking.
+
+Each test runs on one node and on a single-node cluster (every shard's engine behind
+shard routing): the server fixture's deployments (``tests/support/deployments.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import deployments
 from tests.support.deadlines import scaled
 from tests.support.http_helpers import (
     append,
@@ -17,7 +22,6 @@ from tests.support.http_helpers import (
     create,
     error_message,
     head,
-    module_server,
     new_stream,
     read,
     read_all,
@@ -34,15 +38,15 @@ ALL_BYTES = bytes(range(256))
 CHUNK = 7  # --read-chunk-bytes of the chunking server
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "read")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "read")
 
 
-@pytest.fixture(scope="module")
-def chunky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def chunky(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """A server that returns at most CHUNK bytes per catch-up read."""
-    yield from module_server(tmp_path_factory, "read-chunky", "--read-chunk-bytes", str(CHUNK))
+    yield from deployments.module_server(request, "read-chunky", "--read-chunk-bytes", str(CHUNK))
 
 
 # ------------------------------------------------------------- catch-up

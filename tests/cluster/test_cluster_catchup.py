@@ -30,14 +30,13 @@ from tests.support.cluster_support import (
     cluster_args,
     cluster_env,
     readiness,
-    start_node,
+    start_nodes,
     unique_prefix,
     wait_served,
 )
 from tests.support.deadlines import scaled
 from tests.support.http_helpers import Headers, request, unique
 from tests.support.s3_server import S3Endpoint
-from tests.support.server_process import ServerProcess
 from tiered.cluster.membership.shards import shard_of
 from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.ids import DEFAULT_BUCKET, format_offset, parse_offset
@@ -367,26 +366,14 @@ def test_object_store_durability_any_node_serves_the_others_cold_reads(
     moto_s3: S3Endpoint, tmp_path: Path
 ) -> None:
     """Shards spread over both nodes (object-store durability rebalances): each serves the other's streams."""
-    prefix = unique_prefix("catchup-os")
     extra = (
         "--flush-interval-s", "0.2", "--flush-bytes", "1024", "--hot-retention-s", "0",
         "--read-chunk-bytes", str(CHUNK),
     )  # fmt: skip
-    nodes: list[ServerProcess] = []
-    try:
-        for name in ("n1", "n2"):
-            nodes.append(
-                start_node(
-                    tmp_path,
-                    moto_s3,
-                    prefix,
-                    name,
-                    shards=2,
-                    ttl_s=TTL,
-                    durability="object-store",
-                    extra=extra,
-                )
-            )
+    with start_nodes(
+        tmp_path, moto_s3, unique_prefix("catchup-os"), ("n1", "n2"), shards=2, ttl_s=TTL, durability="object-store", extra=extra
+    ) as started:  # fmt: skip
+        nodes = list(started.values())
         served = wait_served(nodes, 2, 30, every_node=True)
         assert all(served) and not served[0] & served[1], served
         streams: dict[int, str] = {}  # the owner's index -> a stream of a shard it serves
@@ -413,9 +400,6 @@ def test_object_store_durability_any_node_serves_the_others_cold_reads(
             want = _get(f"{owner.url}/v1/stream/{name}", 0, {})
             assert (status, body, _protocol(headers)) == (want[0], want[2], _protocol(want[1]))
             assert body == payload[i][:CHUNK]
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def _other_key() -> Any:

@@ -27,12 +27,13 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import ceph_rgw as rgw
 from tests.support import s3_server
-from tests.support.cluster_support import readiness, start_node, unique_prefix
+from tests.support.cluster_support import readiness, start_node, start_nodes, unique_prefix
 from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import create, read, request, unique
 from tests.support.server_process import ServerProcess
@@ -175,6 +176,14 @@ def _wait_all_served(nodes: dict[str, ServerProcess], timeout: float) -> set[int
     return served
 
 
+NODE_ARGS: dict[str, Any] = {
+    "shards": SHARDS,
+    "ttl_s": TTL,
+    "durability": "object-store",
+    "wal_interval_ms": 100,
+}
+
+
 @dataclass
 class Cluster:
     nodes: dict[str, ServerProcess]
@@ -182,12 +191,14 @@ class Cluster:
     prefix: str
     proxy: TcpProxy  # between n3 and the store
 
+    def via(self) -> dict[str, Store]:
+        """The store as each node reaches it where not directly: n3 through the proxy."""
+        return {"n3": replace(self.store, url=self.proxy.url)}
+
     def start(self, base: Path, name: str) -> ServerProcess:
-        store = replace(self.store, url=self.proxy.url) if name == "n3" else self.store
-        self.nodes[name] = start_node(
-            base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100,
-        )  # fmt: skip
+        """Start node ``name`` again (its data dir kept)."""
+        store = self.via().get(name, self.store)
+        self.nodes[name] = start_node(base, store, self.prefix, name, env=store.env, **NODE_ARGS)  # type: ignore[arg-type]
         return self.nodes[name]
 
 
@@ -197,18 +208,18 @@ def cluster(store: Store, tmp_path: Path) -> Iterator[Cluster]:
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80).start()
     c = Cluster({}, store, unique_prefix("chaos"), proxy)
     try:
-        for name in ("n1", "n2", "n3"):
-            c.start(tmp_path, name)
-        yield c
+        with start_nodes(tmp_path, store, c.prefix, via=c.via(), env=store.env, **NODE_ARGS) as c.nodes:  # type: ignore[arg-type]
+            try:
+                yield c
+            finally:  # before the nodes stop: they reach the store, and a paused one can stop
+                proxy.set("forward")
+                for srv in c.nodes.values():
+                    if srv.proc is not None and srv.proc.poll() is None:
+                        try:
+                            os.killpg(srv.proc.pid, signal.SIGCONT)
+                        except ProcessLookupError:
+                            pass
     finally:
-        proxy.set("forward")
-        for srv in c.nodes.values():
-            if srv.proc is not None and srv.proc.poll() is None:
-                try:
-                    os.killpg(srv.proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-            srv.stop()
         proxy.stop()
 
 
@@ -310,11 +321,15 @@ class FaultyCluster:
     prefix: str
     proxy: StoreProxy  # between every node and the store
 
+    def proxied(self) -> Store:
+        """The store as every node reaches it: through the proxy."""
+        return replace(self.store, url=self.proxy.url)
+
     def start(self, base: Path, name: str) -> ServerProcess:
-        store = replace(self.store, url=self.proxy.url)
+        """Start node ``name`` again (its data dir kept)."""
+        store = self.proxied()
         self.nodes[name] = start_node(
-            base, store, self.prefix, name, env=store.env,  # type: ignore[arg-type]
-            shards=SHARDS, ttl_s=TTL, durability="object-store", wal_interval_ms=100, extra=GC_ARGS,
+            base, store, self.prefix, name, env=store.env, **NODE_ARGS, extra=GC_ARGS  # type: ignore[arg-type]
         )  # fmt: skip
         return self.nodes[name]
 
@@ -325,13 +340,15 @@ def faulty_cluster(store: Store, tmp_path: Path) -> Iterator[FaultyCluster]:
     proxy = StoreProxy(target.hostname or "127.0.0.1", target.port or 80).start()
     c = FaultyCluster({}, store, unique_prefix("faults"), proxy)
     try:
-        for name in ("n1", "n2", "n3"):
-            c.start(tmp_path, name)
-        yield c
+        proxied = c.proxied()
+        with start_nodes(
+            tmp_path, proxied, c.prefix, env=proxied.env, **NODE_ARGS, extra=GC_ARGS  # type: ignore[arg-type]
+        ) as c.nodes:  # fmt: skip
+            try:
+                yield c
+            finally:  # before the nodes stop: they reach the store
+                proxy.heal()
     finally:
-        proxy.heal()
-        for srv in c.nodes.values():
-            srv.stop()
         proxy.stop()
 
 

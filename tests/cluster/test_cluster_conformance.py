@@ -24,41 +24,31 @@ from pathlib import Path
 import pytest
 
 from tests.api.test_conformance import EXPECTED_PASSED_WITH_SUBSCRIPTIONS, run_suite
-from tests.support.cluster_support import start_node, unique_prefix, wait_served
+from tests.support.cluster_support import start_nodes, unique_prefix, wait_served
 from tests.support.s3_server import S3Endpoint
-from tests.support.server_process import ServerProcess
 
 
 @pytest.mark.conformance
 def test_conformance_suite_against_one_node_of_three(
     conformance_suite: Path, moto_s3: S3Endpoint, tmp_path: Path
 ) -> None:
-    prefix = unique_prefix("conformance")
-    nodes: list[ServerProcess] = []
-    try:
-        for name in ("n1", "n2", "n3"):
-            nodes.append(
-                start_node(
-                    tmp_path,
-                    moto_s3,
-                    prefix,
-                    name,
-                    shards=8,
-                    ttl_s=4.0,
-                    durability="object-store",
-                    wal_interval_ms=5,
-                    # The suite's webhook receivers listen on 127.0.0.1: loopback webhooks are for development only.
-                    extra=("--long-poll-timeout-s", "3", "--webhook-allow-loopback", "true"),
-                )  # fmt: skip
-            )
+    with start_nodes(
+        tmp_path,
+        moto_s3,
+        unique_prefix("conformance"),
+        shards=8,
+        ttl_s=4.0,
+        durability="object-store",
+        wal_interval_ms=5,
+        # The suite's webhook receivers listen on 127.0.0.1: loopback webhooks are for development only.
+        extra=("--long-poll-timeout-s", "3", "--webhook-allow-loopback", "true"),
+    ) as started:
+        nodes = list(started.values())
         served = wait_served(nodes, 8, 30, every_node=True)
         assert all(served) and set().union(*served) == set(range(8)), served
         passed, failed, out = run_suite(
             conformance_suite, nodes[1].url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"}, test_timeout_s=15
         )
-    finally:
-        for n in nodes:
-            n.stop()
     failures = "\n".join(line for line in out.splitlines() if "FAIL" in line or " × " in line)
     assert failed == 0, f"{failed} conformance tests failed:\n{failures}"
     assert passed == EXPECTED_PASSED_WITH_SUBSCRIPTIONS, out[-3000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster_support import serving, start_node, unique_prefix, wait_served
+from tests.support.cluster_support import serving, start_node, start_nodes, unique_prefix, wait_served
 from tests.support.deadlines import scaled
 from tests.support.http_helpers import append, create, head, read_all, request, stream_url, unique
 from tests.support.s3_server import S3Endpoint
@@ -41,28 +41,13 @@ SHARDS = 8
 
 
 def _trio(moto_s3: S3Endpoint, tmp_path: Path, ttl_s: float) -> Iterator[list[ServerProcess]]:
-    prefix = unique_prefix("xfork")
-    nodes: list[ServerProcess] = []
-    try:
-        for name in ("n1", "n2", "n3"):
-            nodes.append(
-                start_node(
-                    tmp_path,
-                    moto_s3,
-                    prefix,
-                    name,
-                    shards=SHARDS,
-                    ttl_s=ttl_s,
-                    durability="object-store",
-                    wal_interval_ms=5,
-                )  # fmt: skip
-            )
+    with start_nodes(
+        tmp_path, moto_s3, unique_prefix("xfork"), shards=SHARDS, ttl_s=ttl_s, durability="object-store", wal_interval_ms=5
+    ) as started:  # fmt: skip
+        nodes = list(started.values())
         served = wait_served(nodes, SHARDS, 30, every_node=True)
         assert all(served), served
         yield nodes
-    finally:
-        for n in nodes:
-            n.stop()
 
 
 @pytest.fixture

@@ -19,14 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.groups.test_groups_http import group_spec, member_view, strip_times, target
-from tests.support.cluster_support import (
-    cluster_args,
-    cluster_env,
-    readiness,
-    unique_prefix,
-    wait_every_shard_reachable,
-    wait_served,
-)
+from tests.support.cluster_support import cluster_env, readiness, start_nodes, unique_prefix, wait_placed
 from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import append, create, read, request, unique
 from tests.support.s3_server import S3Endpoint
@@ -48,35 +41,19 @@ def nodes(
     moto_s3: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ServerProcess]]:
     assert dict(enumerate(assignment(SHARDS, ["m1", "m2"]))) == OWNERS
-    base = tmp_path_factory.mktemp("cluster-meta")
-    prefix = unique_prefix("meta")
-    env = {**cluster_env(), "TIERED_ADMIN_TOKEN": TOKEN}
-    started: dict[str, ServerProcess] = {}
-    try:
-        for node in ("m1", "m2"):
-            args = cluster_args(
-                moto_s3,
-                prefix,
-                node,
-                shards=SHARDS,
-                ttl_s=2.0,
-                durability="object-store",
-                extra=("--cluster-usage-interval-s", "0.2"),
-            )
-            started[node] = ServerProcess(base / node, *args, env=env).start(timeout=40)
-        m1, m2 = started["m1"], started["m2"]
-        deadline = time.monotonic() + scaled(40)
-        while time.monotonic() < deadline:
-            sets = wait_served([m1, m2], SHARDS, 5, every_node=True)
-            if sets == [{0, 1}, {2, 3}]:
-                break
-            time.sleep(0.2)
-        assert wait_served([m1, m2], SHARDS, 1) == [{0, 1}, {2, 3}]
-        wait_every_shard_reachable([m1, m2])
+    with start_nodes(
+        tmp_path_factory.mktemp("cluster-meta"),
+        moto_s3,
+        unique_prefix("meta"),
+        ("m1", "m2"),
+        env={**cluster_env(), "TIERED_ADMIN_TOKEN": TOKEN},
+        shards=SHARDS,
+        ttl_s=2.0,
+        durability="object-store",
+        extra=("--cluster-usage-interval-s", "0.2"),
+    ) as started:
+        wait_placed(started, SHARDS, 40)  # m1 serves shards 0-1, m2 2-3 (OWNERS)
         yield started
-    finally:
-        for srv in started.values():
-            srv.stop()
 
 
 def call(

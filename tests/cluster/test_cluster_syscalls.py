@@ -27,7 +27,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.support.cluster_support import cluster_env, serving, start_node, unique_prefix, wait_served
+from tests.support.cluster_support import cluster_env, serving, start_nodes, unique_prefix, wait_placed
 from tests.support.deadlines import scaled
 from tests.support.http_helpers import request, stream_url, unique
 from tests.support.s3_server import S3Endpoint
@@ -39,7 +39,6 @@ from tiered.api.kit.types import Request, Response
 from tiered.cluster.features.xfork import pin_name
 from tiered.cluster.gateway.routing import SUBSCRIPTIONS_KEY
 from tiered.cluster.gateway.subrequest import internal_request
-from tiered.cluster.membership.placement import assignment
 from tiered.cluster.membership.secret import (
     SECRET_KEY,
     SIGNATURE_HEADER,
@@ -182,24 +181,13 @@ def trio(
     prefix = unique_prefix("syscalls")
     base = tmp_path_factory.mktemp("cluster-syscalls")
     extra = ("--auth", "tokens", "--cluster-fork-pin-grace-s", "1", "--cluster-fork-pin-sweep-s", "0.3")
-    nodes: list[ServerProcess] = []
-    try:
-        for name in ("n1", "n2", "n3"):
-            node = start_node(
-                base, moto_s3, prefix, name, env=env, shards=SHARDS, ttl_s=4.0, durability="object-store", wal_interval_ms=5, extra=extra
-            )  # fmt: skip
-            nodes.append(node)
+    with start_nodes(
+        base, moto_s3, prefix, env=env, shards=SHARDS, ttl_s=4.0, durability="object-store", wal_interval_ms=5, extra=extra
+    ) as nodes:  # fmt: skip
         # Until placement settled on rendezvous over all three: a token install meeting a
         # handoff is refused with 503 (by design; the client retries), which no test here is about.
-        want = [{s for s, n in enumerate(assignment(SHARDS, ["n1", "n2", "n3"])) if n == name} for name in ("n1", "n2", "n3")]  # fmt: skip
-        deadline = time.monotonic() + scaled(60)
-        while time.monotonic() < deadline and wait_served(nodes, SHARDS, 5, every_node=True) != want:
-            time.sleep(0.2)
-        assert wait_served(nodes, SHARDS, 1) == want
-        yield prefix, nodes
-    finally:
-        for n in nodes:
-            n.stop()
+        wait_placed(nodes, SHARDS, 60)
+        yield prefix, list(nodes.values())
 
 
 def call(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:

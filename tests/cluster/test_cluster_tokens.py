@@ -15,19 +15,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine.groups.test_groups_http import member_view
-from tests.support.cluster_support import (
-    cluster_args,
-    cluster_env,
-    unique_prefix,
-    wait_every_shard_reachable,
-    wait_served,
-)
+from tests.support.cluster_support import cluster_env, start_nodes, unique_prefix, wait_placed
 from tests.support.deadlines import Deadline, scaled, wait_for
 from tests.support.http_helpers import request, unique
 from tests.support.s3_server import S3Endpoint
@@ -48,31 +43,16 @@ BIN = {"Content-Type": "application/octet-stream"}
 FORGED = "v1 ts={ts} nonce=00112233445566778899aabb marks= sig=" + "0" * 64
 
 
-def _start(
+@contextmanager
+def _started(
     base: Path, s3: S3Endpoint, names: tuple[str, str], env: dict[str, str], extra: tuple[str, ...]
-) -> dict[str, ServerProcess]:
-    prefix = unique_prefix("tokens")
-    started: dict[str, ServerProcess] = {}
-    try:
-        for node in names:
-            args = cluster_args(
-                s3, prefix, node, shards=SHARDS, ttl_s=2.0, durability="object-store", extra=extra
-            )
-            started[node] = ServerProcess(base / node, *args, env=env).start(timeout=40)
-        want = [{s for s, n in OWNERS_OF(names).items() if n == node} for node in names]
-        servers = [started[n] for n in names]
-        deadline = time.monotonic() + scaled(40)
-        while time.monotonic() < deadline:
-            if wait_served(servers, SHARDS, 5, every_node=True) == want:
-                break
-            time.sleep(0.2)
-        assert wait_served(servers, SHARDS, 1) == want
-        wait_every_shard_reachable(servers, OPERATOR)
-        return started
-    except BaseException:
-        for srv in started.values():
-            srv.stop()
-        raise
+) -> Iterator[dict[str, ServerProcess]]:
+    """Two nodes, each serving its shards of OWNERS_OF(names); stopped on leaving."""
+    with start_nodes(
+        base, s3, unique_prefix("tokens"), names, env=env, shards=SHARDS, ttl_s=2.0, durability="object-store", extra=extra
+    ) as started:  # fmt: skip
+        wait_placed(started, SHARDS, 40, OPERATOR)
+        yield started
 
 
 def OWNERS_OF(names: tuple[str, str]) -> dict[int, str]:  # noqa: N802
@@ -91,12 +71,8 @@ def nodes(
         "--read-chunk-bytes", str(CHUNK),
     )  # fmt: skip
     env = {**cluster_env(), "TIERED_ADMIN_TOKEN": ADMIN_TOKEN}
-    started = _start(tmp_path_factory.mktemp("cluster-tokens"), moto_s3, ("m1", "m2"), env, extra)
-    try:
+    with _started(tmp_path_factory.mktemp("cluster-tokens"), moto_s3, ("m1", "m2"), env, extra) as started:
         yield started
-    finally:
-        for srv in started.values():
-            srv.stop()
 
 
 def call(
@@ -433,10 +409,9 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
     """Groups across nodes need nothing but the caller's bucket token (the admin token only mints it)."""
     names = ("m1", "m2")
     env = {**cluster_env(), "TIERED_ADMIN_TOKEN": ADMIN_TOKEN}
-    started = _start(
+    with _started(
         tmp_path_factory.mktemp("cluster-tokens-groups"), moto_s3, names, env, ("--auth", "tokens")
-    )
-    try:
+    ) as started:
         g1, g2 = started["m1"], started["m2"]
         # Auth on: the operator's routes need the admin token, on loopback too.
         refused = client_call(g2, "POST", "/v1/admin/tokens", {"bucket": "default", "scope": "admin"})
@@ -477,9 +452,6 @@ def test_groups_span_nodes_with_auth_on_and_a_bucket_token(
         assert (
             client_call(g1, "POST", f"/v1/groups/{group}/join", {"member": "w2", "join_id": "j2"})[0] == 401
         )
-    finally:
-        for srv in started.values():
-            srv.stop()
 
 
 # --------------------------------------------------------------------------- catch-up reads in the bucket's usage

@@ -1,4 +1,9 @@
-"""Cluster-mode ``tiered serve`` processes for black-box tests (one object-store prefix, several nodes)."""
+"""Cluster-mode ``tiered serve`` processes for black-box tests (one object-store prefix, several nodes).
+
+``start_nodes`` starts a cluster (and stops it), ``start_node`` one node of it (or
+again, after a kill); ``cluster_module_server`` is a single-node cluster for a
+module; ``wait_served`` and ``wait_placed`` wait for the shards to settle.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,7 @@ from tests.support import s3_server
 from tests.support.deadlines import Deadline, load_factor, wait_for
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
+from tiered.cluster.membership.placement import assignment
 
 # The load factor each cluster (one object-store prefix) got when its first node started.
 _LEASE_SCALE: dict[str, float] = {}
@@ -95,29 +102,51 @@ def readiness(url: str) -> dict[str, object]:
         return dict(json.loads(exc.read()))
 
 
+@contextmanager
+def start_nodes(
+    base: Path,
+    s3: S3Endpoint,
+    prefix: str,
+    names: Sequence[str] = ("n1", "n2", "n3"),
+    *,
+    via: Mapping[str, S3Endpoint] | None = None,
+    env: dict[str, str] | None = None,
+    **kw: object,
+) -> Iterator[dict[str, ServerProcess]]:
+    """The nodes ``names`` of the cluster on ``prefix``, started in order with the same options
+    (``start_node``'s), by name; every one is stopped on leaving, also when one fails to start.
+
+    ``via[name]``: the store as that node reaches it (through a proxy), else ``s3``. The dict is
+    the caller's: a node restarted in its place (``start_node``) is the one stopped.
+    """
+    nodes: dict[str, ServerProcess] = {}
+    try:
+        for name in names:
+            store = via.get(name, s3) if via is not None else s3
+            nodes[name] = start_node(base, store, prefix, name, env=env, **kw)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
 def cluster_module_server(
     s3: S3Endpoint, tmp_path_factory: Any, name: str, *args: str, shards: int = 4, durability: str = "local"
 ) -> Iterator[ServerProcess]:
     """Body of a module-scoped fixture: a single-node cluster serving every shard (its own prefix)."""
     base = tmp_path_factory.mktemp(f"cluster-{name}")
-    srv = ServerProcess(
-        base / "n1",
-        *cluster_args(
-            s3,
-            unique_prefix(name),
-            "n1",
-            shards=shards,
-            ttl_s=4.0,
-            durability=durability,
-            wal_interval_ms=5,
-            extra=args,
-        ),
-        env=cluster_env(),
-    ).start(timeout=40)
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    with start_nodes(
+        base,
+        s3,
+        unique_prefix(name),
+        ("n1",),
+        shards=shards,
+        ttl_s=4.0,
+        durability=durability,
+        wal_interval_ms=5,
+        extra=args,
+    ) as nodes:
+        yield nodes["n1"]
 
 
 def serving(srv: ServerProcess) -> set[int]:
@@ -162,3 +191,22 @@ def wait_served(
             break
         time.sleep(0.1)
     return sets
+
+
+def wait_placed(
+    nodes: Mapping[str, ServerProcess], shards: int, timeout: float, headers: dict[str, str] | None = None
+) -> None:
+    """Wait (bounded: ``timeout`` on an idle machine, scaled by the load) until each of ``nodes``
+    serves exactly the shards placement gives it among them (rendezvous over their names).
+
+    Until then a request meeting a handoff is refused with 503 (by design; clients retry),
+    which the tests that wait for this are not about. ``headers``: the credential a
+    ``GET /v1/buckets`` needs (auth on).
+    """
+    want = [{s for s, owner in enumerate(assignment(shards, list(nodes))) if owner == name} for name in nodes]
+    servers = list(nodes.values())
+    deadline = Deadline(timeout)
+    while not deadline.expired() and wait_served(servers, shards, 5, every_node=True) != want:
+        time.sleep(0.2)
+    assert wait_served(servers, shards, 1) == want
+    wait_every_shard_reachable(servers, headers)  # and each knows where the others' shards are

@@ -1,6 +1,8 @@
 """Consumer groups over HTTP: every route and every error code, with exact bodies.
 
-One ``tiered serve`` per module; each test uses its own group and stream names.
+One ``tiered serve`` per module, then a single-node cluster of 4 shards (each group
+over streams of every shard; ``tests/support/deployments.py``); each test uses its
+own group and stream names.
 Timestamps (``created_ms``, ``joined_ms``) are checked for shape and then
 removed, so the rest of every body is compared exactly.
 """
@@ -17,23 +19,42 @@ from typing import Any
 
 import pytest
 
-from tests.support.http_helpers import Background, append, create, module_server, request, stream_url
+from tests.support import deployments
+from tests.support.http_helpers import Background, append, create, request, stream_url
 from tests.support.server_process import ServerProcess
-from tiered.core.ids import format_offset
+from tiered.cluster.membership.shards import shard_of
+from tiered.core.ids import DEFAULT_BUCKET, format_offset
 
 _n = itertools.count()
 Z = format_offset(0)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "groups")
+@pytest.fixture(scope="module", params=deployments.SINGLE_AND_CLUSTER)
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "groups")
 
 
 def names(prefix: str = "t") -> tuple[str, str]:
     """(group name, stream prefix) unique to one test."""
     n = next(_n)
     return f"{prefix}{n}-{time.monotonic_ns() % 10**9}", f"gs{n}-{time.monotonic_ns() % 10**9}"
+
+
+def names_in_one_shard(prefix: str = "t") -> tuple[str, str]:
+    """``names()`` whose stream prefix puts its ``a`` and ``b`` streams in one shard of the cluster deployment.
+
+    Which stream moves to a new member follows stream uid order; a cluster gives
+    other shards' streams uids above the group shard's own, so two streams of one
+    shard keep their creation order, as on one server, and the tests' exact plans hold.
+    On one server the shard is irrelevant: any unique names do.
+    """
+    for _ in range(1000):
+        g, p = names(prefix)
+        if shard_of(DEFAULT_BUCKET, f"{p}/a", deployments.CLUSTER_SHARDS) == shard_of(
+            DEFAULT_BUCKET, f"{p}/b", deployments.CLUSTER_SHARDS
+        ):
+            return g, p
+    raise AssertionError("no prefix with a and b in one shard")
 
 
 def call(
@@ -351,7 +372,7 @@ def test_delete_preconditions(server: ServerProcess) -> None:
 
 
 def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
-    g, p = names()
+    g, p = names_in_one_shard()
     make_streams(server, p, ("a", b"0123456789"), ("b", b"abc"))
     status, body = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
     inc = body["incarnation"]
@@ -545,7 +566,7 @@ def test_stream_gone_on_commit(server: ServerProcess) -> None:
 
 
 def test_long_poll_wakes_on_plan_change_and_times_out(server: ServerProcess) -> None:
-    g, p = names()
+    g, p = names_in_one_shard()
     make_streams(server, p, ("a", b""), ("b", b""))
     call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*", "session_timeout_ms": 4000})
     v1 = join(server, g, "m1", "j1")

@@ -8,6 +8,14 @@ worker is handed next, a metric (``tiered_group_skipped_bytes_total``,
 ``tiered_subscription_skipped_bytes_total`` and their ``_ranges_``
 counterparts) and a warning in the server's log naming the group or
 subscription, the stream and the range.
+
+The same tests run against a single-node cluster of 4 shards
+(``tests/support/deployments.py``). Groups live in the shard of
+``__groups/<name>`` and subscriptions in the one of ``__ds``; the streams are in
+whichever shard their names hash to. A stream's retention in another shard
+reaches a group through the directory's listing (its retained offset, at the
+group's next sweep) and the subscriptions through the feed (a ``retained``
+change): the cursor moves and the range is reported all the same.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.http_helpers import append, create, module_server, request, stream_url, unique
+from tests.support import deployments
+from tests.support.http_helpers import append, create, request, stream_url, unique
 from tests.support.metrics_helpers import scrape
 from tests.support.server_process import ServerProcess
 from tests.support.subscription_helpers import WebhookReceiver, call, wait_until
@@ -30,9 +39,12 @@ from tiered_client.groups import Batch, GroupConsumer
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from module_server(tmp_path_factory, "skips", "--webhook-allow-loopback", "true")
+@pytest.fixture(
+    scope="module",
+    params=(deployments.SINGLE_NODE, pytest.param(deployments.CLUSTER_NODE, marks=pytest.mark.timeout(180))),
+)
+def srv(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    yield from deployments.module_server(request, "skips", "--webhook-allow-loopback", "true")
 
 
 def retain(srv: ServerProcess, path: str, offset: int) -> None:
