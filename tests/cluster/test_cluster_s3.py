@@ -159,8 +159,21 @@ def test_two_shells_contend_and_a_frozen_one_fences_itself(target: Target) -> No
             30,
         )
         shard = mine["x"][0]
-        epoch = x.may_acknowledge(shard)
-        committed = await x.commit(shard, b"acknowledged before the freeze")
+        # One acknowledged write before the freeze. A machine starved past the lease margin makes x
+        # refuse it (SHARD_NOT_OWNED: "could not renew its lease in time", as it must); the next
+        # pass renews the lease, and the write is tried again. What follows is about the freeze.
+        done: list[tuple[int, ManifestEntry]] = []
+
+        async def commit_once() -> None:
+            try:
+                epoch = x.may_acknowledge(shard)
+                done.append((epoch, await x.commit(shard, b"acknowledged before the freeze")))
+            except TieredError as err:
+                assert err.code is ErrorCode.SHARD_NOT_OWNED, err
+                await both()
+
+        await _until("x acknowledges one write", lambda: bool(done), commit_once, 30)
+        epoch, committed = done[0]
 
         # Freeze x: its loop is no longer called. y may take x's shards only once x's window
         # has closed (one process, one clock: comparable here, never in the protocol).

@@ -186,7 +186,7 @@ def trio(
     ) as nodes:  # fmt: skip
         # Until placement settled on rendezvous over all three: a token install meeting a
         # handoff is refused with 503 (by design; the client retries), which no test here is about.
-        wait_placed(nodes, SHARDS, 60)
+        wait_placed(nodes, SHARDS, 60, {"Authorization": f"Bearer {OPERATOR_TOKEN}"})
         yield prefix, list(nodes.values())
 
 
