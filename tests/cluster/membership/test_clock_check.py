@@ -54,6 +54,11 @@ def test_no_verdict_before_the_span_and_one_bad_peer_is_outvoted() -> None:
     _feed(two, STORE, 1.0)
     _feed(two, "fast", 0.5)  # one of two references disagrees: not more than half
     assert not two.out_of_bound(200.0)
+    early = _check()
+    _feed(early, "fast", 0.5)  # the first estimate to come in is of the bad peer...
+    _feed(early, STORE, 1.0, start=150.0)  # ...while the store's samples do not span enough yet
+    assert early.estimates(200.0).keys() == {"fast"}
+    assert not early.out_of_bound(200.0)  # the store counts as agreeing until it can say
 
 
 def test_old_samples_age_out_so_a_clock_that_recovers_is_sane_again() -> None:

@@ -22,8 +22,9 @@ in an interval that accounts for every slack; a reference *disagrees* only
 when that whole interval lies outside ``[1 - ρ, 1 + ρ]``, so latency and
 coarse dates can blur an estimate but never make a sane clock disagree.
 
-The verdict: out of bound when more than half of the references with an
-estimate disagree (with two nodes, the store and the peer both). One peer
+The verdict: out of bound when more than half of the references it has
+samples of disagree (one without an estimate yet counts as agreeing; with
+two nodes, the store and the peer both must disagree). One peer
 with a bad clock is outvoted by the store and the others, so it does not
 make a sane node doubt itself; it flags itself the same way. A node out of
 bound stops declaring peers dead (on its own clock's say-so), reports it in
@@ -142,6 +143,11 @@ class ClockCheck:
         return Estimate(low, high, span, disagrees)
 
     def out_of_bound(self, now: float) -> bool:
-        """More than half of the references with an estimate disagree with this node's clock."""
-        found = self.estimates(now)
-        return bool(found) and 2 * sum(e.disagrees for e in found.values()) > len(found)
+        """More than half of the references with samples in the window disagree with this node's clock.
+
+        A reference without an estimate yet counts as agreeing: a sane node whose one early estimate
+        is of a bad peer must not doubt itself before the store's and the other peers' come in.
+        """
+        found = self.estimates(now)  # (drops the samples that left the window)
+        known = sum(1 for samples in self.samples.values() if samples)
+        return bool(found) and 2 * sum(e.disagrees for e in found.values()) > known
