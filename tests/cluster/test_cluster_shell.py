@@ -265,8 +265,11 @@ def test_two_processes_with_one_id_never_both_serve(sim: Sim) -> None:
     a = sim.node("x")
     sim.rounds([a], 1)
     twin = sim.node("x")
-    sim.rounds([a, twin], 30)  # a keeps beating: the twin waits for ever
+    sim.rounds([a, twin], 30)  # a keeps beating: the twin sees it and refuses to start
     assert twin.me is None and twin.serving() == {}
+    assert (
+        twin.replaced is not None and "node id x is in use" in twin.replaced
+    )  # tests/cluster/test_cluster_settle.py
     assert a.serving() == {s: 1 for s in range(SHARDS)}
 
 

@@ -95,7 +95,8 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         scheme = "https" if config.tls_cert else "http"
         bound = await listener.start(config.host, config.port)
         host, port = bound[0]
-        await cluster.join(f"{scheme}://{url_host(host)}:{port}")
+        # Another process holding this node id ends this one (tiered/cluster/membership/identity.py).
+        await cluster.join(f"{scheme}://{url_host(host)}:{port}", on_replaced=stop.set)
         # Bounded: a node that cannot take shards yet (peers still hold them) serves by forwarding.
         await cluster.wait_serving(timeout_s=3 * config.cluster_lease_ttl_s)
         for host, port in bound:
@@ -120,6 +121,8 @@ async def serve_cluster(config: Config, ready: asyncio.Event | None = None) -> N
         if listener is not None:
             await listener.stop()
         lock.release()
+    if cluster is not None and cluster.replaced is not None:
+        raise cluster.replaced
 
 
 def warn_exposure(config: Config) -> None:
@@ -179,8 +182,13 @@ def run(config: Config) -> int:
         uvloop.install()
     except ImportError:
         pass
+    from tiered.cluster.membership.identity import NodeIdInUse
+
     try:
         asyncio.run(serve(config))
+    except NodeIdInUse as exc:
+        print(f"tiered: stopped: {exc.message}", file=sys.stderr)
+        return exc.exit_code
     except ConditionalWritesUnsupported as exc:
         print(
             f"tiered: cannot start: the object store does not enforce conditional writes: {exc}. "

@@ -114,6 +114,40 @@ class _Fixed:
         yield from self.families
 
 
+def _settling_families(node: ClusterNode | None, clock: Clock) -> Iterator[Metric]:
+    """Restores by outcome, shards being restored, and the clock check (docs/cluster.md, "Settling")."""
+    restores = CounterMetricFamily(
+        "tiered_cluster_restores",
+        "Shard restores (fenced, replaying before serving) by how they ended: 'completed', 'abandoned' "
+        "(the shard was lost mid-restore: never served from it), 'failed'",
+        labels=["outcome"],
+    )
+    for outcome, count in (node.restores if node is not None else {}).items():
+        restores.add_metric([outcome], count)
+    yield restores
+    yield GaugeMetricFamily(
+        "tiered_cluster_shards_restoring",
+        "Shards this node is restoring now (placement leaves them here while it lives)",
+        value=len(node.restoring()) if node is not None else 0,
+    )
+    yield GaugeMetricFamily(
+        "tiered_cluster_clock_out_of_bound",
+        "1 while this node's clock rate disagrees with most of its references beyond the bound "
+        "(it declares no peer dead and /readyz is 503)",
+        value=1 if node is not None and node.clock_out_of_bound else 0,
+    )
+    rate = GaugeMetricFamily(
+        "tiered_cluster_clock_rate",
+        "This node's monotonic clock rate over a reference's ('store': the store's Date; else a peer's node "
+        "id), estimated over the clock check's window (1: equal rates)",
+        labels=["reference"],
+    )
+    if node is not None:
+        for reference, estimate in sorted(node.clock_check.estimates(clock.monotonic()).items()):
+            rate.add_metric([reference], estimate.rate)
+    yield rate
+
+
 class _NodeCollector:
     def __init__(self, metrics: ClusterMetrics) -> None:
         self.metrics = metrics
@@ -158,6 +192,7 @@ class _NodeCollector:
         for kind, count in (node.takes if node is not None else {}).items():
             taken.add_metric([kind], count)
         yield taken
+        yield from _settling_families(node, cluster.clock)
         yield CounterMetricFamily(
             "tiered_cluster_forwarded",
             "Requests this node forwarded to the owner of their shard",

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tiered.cluster.compose import ClusterFeatures
 from tiered.cluster.gateway.forward import Forwarder
 from tiered.cluster.membership.cas import CasError, CasStore, ObjectStoreCas
+from tiered.cluster.membership.identity import NodeIdInUse
 from tiered.cluster.membership.lease import LeaseTiming
 from tiered.cluster.membership.manifest import ManifestEntry
 from tiered.cluster.membership.node_shell import ClusterNode, NodeConfig
@@ -131,9 +133,14 @@ class ClusterServer:
         self.advertise_url = ""
         self.started = False  # joined, and waited (bounded) for its first shards
         self._stop = asyncio.Event()
+        self.replaced: NodeIdInUse | None = None  # another process holds this node id: the process exits
 
-    async def join(self, advertise_url: str) -> None:
-        """Join the cluster and start the lease loop (shards come as leases are won) and the usage exchange."""
+    async def join(self, advertise_url: str, on_replaced: Callable[[], None] | None = None) -> None:
+        """Join the cluster and start the lease loop (shards come as leases are won) and the usage exchange.
+
+        ``on_replaced``: called once another process holds this node id (``replaced`` says why);
+        the lease loop has ended holding nothing, and the process should stop and exit
+        (``tiered serve``: exit code ``EXIT_NODE_ID_IN_USE``)."""
         c = self.config
         self.advertise_url = c.cluster_advertise_url or advertise_url
         node = self.node = ClusterNode(
@@ -150,14 +157,23 @@ class ClusterServer:
             hooks=self.host,
         )
         stop = self._stop
+
+        async def membership() -> None:
+            try:
+                await node.run(stop)
+            except NodeIdInUse as exc:
+                self.replaced = exc  # not a crash to restart: this process must go
+                if on_replaced is not None:
+                    on_replaced()
+
         # Both end by themselves once ``stop`` is set: the lease loop hands every shard off on its way out.
-        self.supervisor.start("cluster-membership", lambda: node.run(stop), drain=True)
+        self.supervisor.start("cluster-membership", membership, drain=True)
         self.supervisor.start("usage-exchange", lambda: self.features.usage.run(stop), drain=True)
 
     async def wait_serving(self, timeout_s: float) -> bool:
         """Wait (bounded) until every shard has a serving owner and none of ours is still being fenced."""
         deadline = self.clock.monotonic() + timeout_s
-        while self.clock.monotonic() < deadline:
+        while self.clock.monotonic() < deadline and self.replaced is None:
             if self._settled():
                 self.started = True
                 return True
@@ -294,4 +310,22 @@ class ClusterServer:
         }
         if failing:
             checks["jobs_failing"] = failing
-        return joined and not failing, checks
+        clock_ok = True
+        if node is not None:
+            checks["restoring"] = [shard for shard, _ in node.restoring()]
+            checks["restores"] = dict(node.restores)
+            checks["clock"] = self.clock_report(node)
+            clock_ok = not node.clock_out_of_bound
+        if self.replaced is not None:
+            checks["replaced"] = self.replaced.message
+        return joined and not failing and clock_ok and self.replaced is None, checks
+
+    def clock_report(self, node: ClusterNode) -> dict[str, Any]:
+        """What ``/readyz`` shows of the clock check: the verdict, the bound, each reference's estimate."""
+        check = node.clock_check
+        estimates = check.estimates(self.clock.monotonic())
+        return {
+            "out_of_bound": node.clock_out_of_bound,
+            "bound": check.bound,
+            "rates": {ref: e.as_json() for ref, e in sorted(estimates.items())},
+        }

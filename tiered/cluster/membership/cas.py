@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from tiered.cold.objects.store import ObjectExists, ObjectNotFound, ObjectStore, ObjectStoreError
+from tiered.cold.objects.store import ObjectExists, ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.cold.objects.store import PreconditionFailed as S3PreconditionFailed
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "CasStore",
     "CasUnavailable",
     "ConcurrentWrite",
+    "DatedCas",
     "Fault",
     "Listed",
     "MemoryCasStore",
@@ -119,6 +121,15 @@ class CasStore(Protocol):
         ...
 
 
+@runtime_checkable
+class DatedCas(Protocol):
+    """A store that also tells the time: its clock when it applied a compare-and-set (its ``Date``)."""
+
+    async def put_if_match_dated(self, key: str, data: bytes, etag: str) -> tuple[str, float | None]:
+        """``put_if_match``, and the store's clock (Unix seconds, whole on S3) in its answer, if it gave one."""
+        ...
+
+
 def md5_etag(data: bytes) -> str:
     """S3's ETag of a single-part upload: the MD5 of the bytes, in hex."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
@@ -183,16 +194,23 @@ class ObjectStoreCas:
         return info.etag
 
     async def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        return (await self._put_if_match(key, data, etag)).etag
+
+    async def put_if_match_dated(self, key: str, data: bytes, etag: str) -> tuple[str, float | None]:
+        """The answer's ``Date`` is ``S3Store``'s ``last_modified`` of a put (whole seconds)."""
+        info = await self._put_if_match(key, data, etag)
+        return info.etag, info.last_modified.timestamp()
+
+    async def _put_if_match(self, key: str, data: bytes, etag: str) -> ObjectInfo:
         put = self._store.put
         try:
-            info = await put(key, data, if_match=etag)
+            return await put(key, data, if_match=etag)
         except S3PreconditionFailed as exc:
             if exc.outcome_unknown:
                 raise OutcomeUnknown(key, str(exc)) from exc
             raise PreconditionFailed(key, str(exc)) from exc
         except ObjectStoreError as exc:
             raise OutcomeUnknown(key, str(exc)) from exc
-        return info.etag
 
     async def delete(self, key: str) -> None:
         try:
@@ -254,6 +272,8 @@ class MemoryCasStore:
     on_call: Callable[[str, str], None] | None = None
     yields: Callable[[], int] | None = None
     calls: int = 0
+    #: The store's clock (Unix seconds) as its answers' ``Date`` gives it; None: answers carry none.
+    date: Callable[[], float] | None = None
 
     def inject(self, fault: Fault, key_prefix: str = "") -> None:
         """Make the next request on a key starting with ``key_prefix`` fail this way."""
@@ -335,6 +355,11 @@ class MemoryCasStore:
 
     async def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         return await self._write("put_if_match", _Pending(key, bytes(data), etag))
+
+    async def put_if_match_dated(self, key: str, data: bytes, etag: str) -> tuple[str, float | None]:
+        """Whole seconds, as an S3 ``Date`` header has them."""
+        etag = await self.put_if_match(key, data, etag)
+        return etag, None if self.date is None else float(math.floor(self.date()))
 
     async def delete(self, key: str) -> None:
         await self._enter("delete", key)

@@ -65,6 +65,12 @@ class HeartbeatBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     nonce: str
     advertise_url: str = ""
     declared_by: str = ""  # the peer that declared it dead
+    # (shard, epoch) of every shard this incarnation is restoring (fenced, not serving yet): placement
+    # leaves those shards with it while it is alive (``placement.restoring_owners``).
+    restoring: tuple[tuple[int, int], ...] = ()
+    # The writer's monotonic clock (seconds) when it sent this write; 0: not given. Peers compare its
+    # rate with their own (``clock_check``); it is never compared with another clock's reading.
+    clock: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +191,7 @@ def plan_join(
     incarnation_floor: int,
     advertise_url: str,
     nonce: str,
+    clock: float = 0.0,
 ) -> HeartbeatWrite | None:
     """The write that makes this process the next incarnation of ``node``, or None to wait.
 
@@ -203,14 +210,29 @@ def plan_join(
         if body.state is Liveness.ALIVE and not view.stale(node, now):
             return None
         base, etag = max(body.incarnation, incarnation_floor), current.etag
-    new = HeartbeatBody(node, base + 1, Liveness.ALIVE, 0, nonce, advertise_url)
+    new = HeartbeatBody(node, base + 1, Liveness.ALIVE, 0, nonce, advertise_url, clock=clock)
     return HeartbeatWrite(node, new, etag)
 
 
-def plan_beat(current: HeartbeatRecord, nonce: str) -> HeartbeatWrite:
-    """The next beat over our own last version."""
+def plan_beat(
+    current: HeartbeatRecord,
+    nonce: str,
+    *,
+    restoring: tuple[tuple[int, int], ...] = (),
+    clock: float = 0.0,
+) -> HeartbeatWrite:
+    """The next beat over our own last version, saying which shards we are restoring now."""
     body = current.body
-    new = HeartbeatBody(body.node, body.incarnation, Liveness.ALIVE, body.beat + 1, nonce, body.advertise_url)
+    new = HeartbeatBody(
+        body.node,
+        body.incarnation,
+        Liveness.ALIVE,
+        body.beat + 1,
+        nonce,
+        body.advertise_url,
+        restoring=restoring,
+        clock=clock,
+    )
     return HeartbeatWrite(body.node, new, current.etag)
 
 

@@ -24,6 +24,15 @@ What a pass does, in order:
    adopt a lease its own lost write won; stop at once when a lease it holds
    changed hands.
 
+A shard this node is restoring (fenced, ``ShardHooks.serve`` still running)
+stays here while the node lives: its heartbeat says so (``restoring``) and
+placement honours it. A hold dropped mid-restore (the lease changed hands,
+this incarnation was declared dead) cancels the restore: the shard is never
+served from it. A process whose node id another live process holds exits
+(``identity``: ``replaced``, raised by ``run`` as ``NodeIdInUse``). A node
+whose clock runs out of the documented bound (``clock_check``) stops
+declaring peers dead and says so (``clock_out_of_bound``).
+
 ``may_acknowledge(shard)`` is the gate every acknowledged write passes: a
 fenced hold, and the node's window (from its last successful beat's send
 time) still open. ``commit(shard, payload)`` appends to the shard's manifest
@@ -37,6 +46,7 @@ import logging
 import math
 import re
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -47,10 +57,12 @@ from tiered.cluster.membership.cas import (
     CasStore,
     CasUnavailable,
     ConcurrentWrite,
+    DatedCas,
     OutcomeUnknown,
     PreconditionFailed,
     Versioned,
 )
+from tiered.cluster.membership.clock_check import STORE, ClockCheck, Sample
 from tiered.cluster.membership.heartbeat import (
     HeartbeatRecord,
     HeartbeatWrite,
@@ -63,6 +75,7 @@ from tiered.cluster.membership.heartbeat import (
     plan_join,
     plan_stop,
 )
+from tiered.cluster.membership.identity import NodeIdInUse, replaced_by, twin_running
 from tiered.cluster.membership.lease import (
     AckWindow,
     Hold,
@@ -83,7 +96,7 @@ from tiered.cluster.membership.manifest import (
     decode_entry,
     encode_entry,
 )
-from tiered.cluster.membership.placement import assignment
+from tiered.cluster.membership.placement import assignment, restoring_owners
 from tiered.cluster.membership.shards import ClusterSpec, decode_spec, encode_spec, resolve_spec
 from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
@@ -97,6 +110,8 @@ log = logging.getLogger(__name__)
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _RECENT_BEATS = 8  # nonces of our own recent beats, to recognise one whose answer was lost
 _FENCE_ATTEMPTS = 3  # per pass: older owners' entries that landed while we fenced
+# Clock sanity (``clock_check``): an estimate spans at least this many TTLs, within a window of that many.
+_CLOCK_SPAN_TTLS, _CLOCK_WINDOW_TTLS = 10, 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +243,24 @@ class ClusterNode:
         # Leases this node won, by what it took them from: "new" (never held), "handoff" (a
         # release) or "takeover" (another node's lease, expired or its holder declared dead).
         self.takes: dict[str, int] = {"new": 0, "handoff": 0, "takeover": 0}
+        # Restores (``ShardHooks.serve`` in the background) by how they ended; when each running one began.
+        self.restores: dict[str, int] = {"completed": 0, "abandoned": 0, "failed": 0}
+        self._restore_began: dict[int, float] = {}
+        self._restoring_holds: dict[int, Hold] = {}  # the hold each running serve task restores for
+        self._published_restoring: tuple[tuple[int, int], ...] = ()
+        # Two processes, one id (``identity``): why this one must exit, once it knows.
+        self.replaced: str | None = None
+        self._last_incarnation = 0  # the highest incarnation this process held
+        self._waiting_on: HeartbeatRecord | None = None  # the alive heartbeat a first join waits out
+        self._seen_versions: set[str] = set()  # other alive versions of it seen since (ETags)
+        self._join_nonces: deque[str] = deque(maxlen=64)  # every join write's nonce, to know our own
+        timing = config.timing
+        self.clock_check = ClockCheck(
+            bound=timing.margin_s / timing.ttl_s,
+            window_s=_CLOCK_WINDOW_TTLS * timing.ttl_s,
+            min_span_s=_CLOCK_SPAN_TTLS * timing.ttl_s,
+        )
+        self.clock_out_of_bound = False
 
     # -- what the data plane asks ---------------------------------------------------------
 
@@ -299,22 +332,30 @@ class ClusterNode:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, interval_s: float | None = None) -> None:
-        """Tick until ``stop`` is set, then hand everything off and stop."""
+        """Tick until ``stop`` is set, then hand everything off and stop.
+
+        Raises ``NodeIdInUse`` once another process holds this node id (``identity``): this
+        process then holds nothing and writes nothing more.
+        """
         pause = interval_s if interval_s is not None else self.config.interval_s / 2
-        while not stop.is_set():
+        while not stop.is_set() and self.replaced is None:
             try:
                 await self.tick()
             except TieredError as exc:
                 log.error("cluster pass failed: %s", exc.message)
+            if self.replaced is not None:
+                break
             try:
                 await asyncio.wait_for(stop.wait(), pause)
             except TimeoutError:
                 pass
+        if self.replaced is not None:
+            raise NodeIdInUse(self.node_id, self.replaced)
         await self.stop()
 
     async def tick(self) -> None:
         """One bounded pass (see the module docstring)."""
-        if self.stopping:
+        if self.stopping or self.replaced is not None:
             return
         if self.spec is None and not await self._load_spec():
             return
@@ -399,7 +440,9 @@ class ClusterNode:
             except TieredError as exc:
                 log.error("%s", exc.message)
                 continue
-            self.view.observe(node, record, self.clock.monotonic())
+            seen = self.clock.monotonic()
+            self.view.observe(node, record, seen)
+            self._peer_clock(node, record, seen)
         for node in list(self.view.nodes):
             if node not in present:
                 self.view.observe(node, None, at)
@@ -432,6 +475,36 @@ class ClusterNode:
             if not lease.body.free and lease.body.owner not in self.view.nodes:
                 self.view.observe(lease.body.owner, None, at)  # named by a lease, no heartbeat
         return True
+
+    def _peer_clock(self, node: str, record: HeartbeatRecord | None, seen: float) -> None:
+        """A peer's new heartbeat, first seen at ``seen``: a sample of its clock (sent at most a TTL ago)."""
+        if node == self.node_id or record is None:
+            return
+        body = record.body
+        if body.state is not Liveness.ALIVE or body.clock <= 0:
+            self.clock_check.forget(node)
+            return
+        sample = Sample(seen - self.config.timing.ttl_s, seen, body.clock, 0.0)
+        self.clock_check.observe(node, sample, epoch=body.incarnation)
+
+    def _judge_clock(self) -> None:
+        """Update ``clock_out_of_bound``; log when it changes."""
+        now = self.clock.monotonic()
+        out = self.clock_check.out_of_bound(now)
+        if out == self.clock_out_of_bound:
+            return
+        self.clock_out_of_bound = out
+        rates = {ref: round(e.rate, 3) for ref, e in sorted(self.clock_check.estimates(now).items())}
+        if out:
+            log.error(
+                "node %s: its clock runs out of the bound (rate %s against its references, bound ±%.0f %%); "
+                "it declares no peer dead and reports not ready until its clock agrees again",
+                self.node_id,
+                rates,
+                100 * self.clock_check.bound,
+            )
+        else:
+            log.warning("node %s: its clock agrees with its references again (rate %s)", self.node_id, rates)
 
     def _heartbeat_record(self, node: str, found: Versioned | None) -> HeartbeatRecord | None:
         return None if found is None else HeartbeatRecord(decode_heartbeat(found.data, node), found.etag)
@@ -476,6 +549,8 @@ class ClusterNode:
             self._renewed(current, self._beats[current.body.nonce])
             log.info("node %s joined as incarnation %d", node, current.body.incarnation)
             return
+        if self._identity_lost(current):
+            return
         write = plan_join(
             node,
             current,
@@ -484,6 +559,7 @@ class ClusterNode:
             incarnation_floor=self._incarnation_floor(node),
             advertise_url=self.config.advertise_url,
             nonce=self._nonce(),
+            clock=self.clock.monotonic(),
         )
         if write is None:
             log.info(
@@ -495,14 +571,36 @@ class ClusterNode:
             return
         sent = self.clock.monotonic()
         self._remember_beat(write.body.nonce, sent)
+        self._join_nonces.append(write.body.nonce)
         joined = await self._heartbeat_write(write)
         if joined is None:
             return
         self._renewed(joined, sent)
         log.info("node %s joined as incarnation %d", node, joined.body.incarnation)
 
+    def _identity_lost(self, current: HeartbeatRecord | None) -> bool:
+        """Before a join: whether another process holds this node id (then ``replaced`` says why)."""
+        if current is not None and current.body.nonce in self._join_nonces:
+            return False  # a join of ours that landed late: our own, left to go stale
+        node = self.node_id
+        if self._last_incarnation == 0 and current is not None and current.body.state is Liveness.ALIVE:
+            if self._waiting_on is None:
+                self._waiting_on = current
+            elif current.etag != self._waiting_on.etag:
+                self._seen_versions.add(current.etag)
+        why = replaced_by(node, self._last_incarnation, current) or twin_running(
+            node, self._waiting_on, current, len(self._seen_versions)
+        )
+        if why is None:
+            return False
+        self._replaced(why)
+        return True
+
     def _renewed(self, record: HeartbeatRecord, sent: float) -> None:
         self.me = record
+        self._last_incarnation = max(self._last_incarnation, record.body.incarnation)
+        self._waiting_on = None
+        self._seen_versions.clear()
         self.window.extend(sent, self.config.timing)
         self.view.observe(self.node_id, record, self.clock.monotonic())
         self._next_beat_at = max(self._next_beat_at, sent + self.config.interval_s)
@@ -510,21 +608,38 @@ class ClusterNode:
     async def _beat_if_due(self) -> None:
         assert self.me is not None
         sent = self.clock.monotonic()
-        if sent < self._next_beat_at:
+        restoring = self.restoring()
+        # Due by the interval, or at once when the shards being restored changed (peers' placement).
+        if sent < self._next_beat_at and restoring == self._published_restoring:
             return
-        write = plan_beat(self.me, self._nonce())
+        write = plan_beat(self.me, self._nonce(), restoring=restoring, clock=sent)
         self._remember_beat(write.body.nonce, sent)
         key = keys.node_key(self.node_id)
+        data = encode_heartbeat(write.body)
         try:
-            etag = await self.store.put_if_match(key, encode_heartbeat(write.body), self.me.etag)
+            if isinstance(self.store, DatedCas):
+                etag, date = await self.store.put_if_match_dated(key, data, self.me.etag)
+                if date is not None:  # the store's Date: whole seconds, read between send and answer
+                    self.clock_check.observe(STORE, Sample(sent, self.clock.monotonic(), date + 0.5, 0.5))
+            else:
+                etag = await self.store.put_if_match(key, data, self.me.etag)
         except (OutcomeUnknown, PreconditionFailed):
             pass  # settled below
         except (ConcurrentWrite, CasUnavailable):
             return  # not applied: beat again at the next pass
         else:
+            self._published_restoring = restoring
             self._renewed(HeartbeatRecord(write.body, etag), sent)
             return
         await self._settle_beat()
+
+    def restoring(self) -> tuple[tuple[int, int], ...]:
+        """(shard, epoch) of every shard this node is restoring now: fenced, its serve still running."""
+        return tuple(
+            (shard, hold.epoch)
+            for shard, hold in sorted(self.holds.items())
+            if hold.state is HoldState.FENCING and self._restoring_holds.get(shard) is hold
+        )
 
     def _remember_beat(self, nonce: str, sent: float) -> None:
         self._beats[nonce] = sent
@@ -543,6 +658,11 @@ class ClusterNode:
         self.view.observe(self.node_id, found, self.clock.monotonic())
         if found is not None and self.me is not None and found.etag == self.me.etag:
             return  # our beat did not land (maybe it still will): beat again next pass
+        ours = found is not None and found.body.nonce in self._join_nonces
+        why = None if ours else replaced_by(self.node_id, self._last_incarnation, found)
+        if why is not None:
+            self._replaced(why)
+            return
         self._fenced_self(
             "no heartbeat object"
             if found is None
@@ -564,7 +684,19 @@ class ClusterNode:
         self._beats.clear()
         self._next_beat_at = -math.inf
 
+    def _replaced(self, why: str) -> None:
+        """Another process holds this node id: hold nothing, write nothing more; ``run`` raises."""
+        log.critical("%s", why)
+        self.window.close()
+        for shard in list(self.holds):
+            self._drop(shard, "another process holds this node id")
+        self.me = None
+        self.replaced = why
+
     async def _declare_dead(self, budget: _Budget) -> None:
+        self._judge_clock()
+        if self.clock_out_of_bound:
+            return  # a peer looking stale on a clock out of bound proves nothing: no churn from here
         now = self.clock.monotonic()
         candidates = [
             node
@@ -622,7 +754,13 @@ class ClusterNode:
     async def _reconcile(self, budget: _Budget) -> None:
         assert self.spec is not None
         now = self.clock.monotonic()
-        desired = assignment(self.spec.shard_count, self._live(now))
+        live = self._live(now)
+        claims = [(self.node_id, shard, epoch) for shard, epoch in self.restoring()]
+        for node in live:
+            record = self.view.record(node)
+            if node != self.node_id and record is not None:
+                claims += [(node, shard, epoch) for shard, epoch in record.body.restoring]
+        desired = assignment(self.spec.shard_count, live, restoring_owners(claims, live))
         sticky = not self.config.rebalance
         for shard in range(self.spec.shard_count):
             lease = self.leases.get(shard)
@@ -714,6 +852,20 @@ class ClusterNode:
         self.writers.pop(shard, None)
         if hold is None:
             return
+        task = self._serve_tasks.get(shard)
+        if task is not None and not task.done():
+            # Lost mid-restore: abandon it (its done callback stops whatever it started); its progress
+            # goes to nobody, the next owner restores from the store as of its own fence.
+            began = self._restore_began.get(shard, self.clock.monotonic())
+            log.warning(
+                "node %s abandons its restore of shard %d (epoch %d) after %.1f s: %s",
+                self.node_id,
+                shard,
+                hold.epoch,
+                self.clock.monotonic() - began,
+                reason,
+            )
+            task.cancel()
         level = logging.INFO if reason in ("handed off", "node stopped") else logging.WARNING
         log.log(
             level, "node %s stopped serving shard %d (epoch %d): %s", self.node_id, shard, hold.epoch, reason
@@ -836,8 +988,18 @@ class ClusterNode:
         def done(task: asyncio.Task[None]) -> None:
             if self._serve_tasks.get(shard) is task:
                 del self._serve_tasks[shard]
+                self._restoring_holds.pop(shard, None)
             exc = None if task.cancelled() else task.exception()
             current = self.holds.get(shard)
+            took = self.clock.monotonic() - self._restore_began.pop(shard, self.clock.monotonic())
+            outcome = (
+                "abandoned" if current is not hold else "failed" if exc or task.cancelled() else "completed"
+            )
+            self.restores[outcome] += 1
+            if outcome == "completed":
+                log.info(
+                    "node %s restored shard %d (epoch %d) in %.2f s", self.node_id, shard, hold.epoch, took
+                )
             if current is not hold:
                 # Its hold was dropped: the engine it started (if any) holds the chain as restored
                 # then; another owner may have acknowledged appends since. Stopped even when the
@@ -852,6 +1014,8 @@ class ClusterNode:
 
         task = asyncio.get_running_loop().create_task(self.hooks.serve(shard, hold.epoch))
         self._serve_tasks[shard] = task
+        self._restore_began[shard] = self.clock.monotonic()
+        self._restoring_holds[shard] = hold
         task.add_done_callback(done)
 
     async def _prepared(self, shard: int, hold: Hold, latest: ManifestEntry | None) -> bool:
