@@ -19,13 +19,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from urllib.parse import quote, unquote
 
 import aiohttp
 
 from tiered.api.kit.types import Request, Response
 from tiered.core.errors import ErrorCode, TieredError
 
-__all__ = ["FORWARDED_BY", "REDIRECT_HEADER", "ForwardFailed", "Forwarder", "idempotent", "moved_away"]
+__all__ = [
+    "FORWARDED_BY",
+    "REDIRECT_HEADER",
+    "UNIX_SCHEME",
+    "ForwardFailed",
+    "Forwarder",
+    "idempotent",
+    "moved_away",
+    "unix_socket_of",
+    "unix_url",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,22 @@ _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
 _MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
+
+
+#: The advertised URL of a worker of a multi-worker node (``tiered/cluster/workers/``): its Unix socket.
+UNIX_SCHEME = "http+unix://"
+
+
+def unix_url(path: str) -> str:
+    """The advertised URL of a Unix socket (the path percent-encoded, so it is one URL authority)."""
+    return UNIX_SCHEME + quote(path, safe="")
+
+
+def unix_socket_of(base_url: str) -> str | None:
+    """The socket path a ``unix_url`` names; None for an ordinary http(s) URL."""
+    if not base_url.startswith(UNIX_SCHEME):
+        return None
+    return unquote(base_url[len(UNIX_SCHEME) :].rstrip("/"))
 
 
 class ForwardFailed(TieredError):
@@ -84,6 +111,7 @@ class Forwarder:
         self.node_id = node_id
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._unix: dict[str, aiohttp.ClientSession] = {}  # a multi-worker node's siblings, by socket
         self.forwarded = 0
 
     def _client(self) -> aiohttp.ClientSession:
@@ -95,10 +123,45 @@ class Forwarder:
             )
         return self._session
 
+    def _unix_client(self, path: str) -> aiohttp.ClientSession:
+        session = self._unix.get(path)
+        if session is None or session.closed:
+            session = self._unix[path] = aiohttp.ClientSession(
+                timeout=self._timeout,
+                auto_decompress=False,
+                connector=aiohttp.UnixConnector(path=path, limit=256),
+            )
+        return session
+
+    def _target(self, base_url: str) -> tuple[aiohttp.ClientSession, str]:
+        """The client session for ``base_url`` and the URL prefix to send to."""
+        path = unix_socket_of(base_url)
+        if path is None:
+            return self._client(), base_url.rstrip("/")
+        return self._unix_client(path), "http://worker"
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        sessions, self._unix = list(self._unix.values()), {}
+        for session in sessions:
+            await session.close()
+
+    async def fetch(
+        self, base_url: str, path: str, headers: dict[str, str], timeout_s: float = 5.0
+    ) -> tuple[int, bytes] | None:
+        """A node's own answer to a ``GET`` of ``path`` (a multi-worker node's scrape of its siblings'
+        metrics: ``tiered/cluster/workers/metrics.py``); None if it could not be asked or did not answer."""
+        client, prefix = self._target(base_url)
+        try:
+            async with client.get(
+                prefix + path, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.info("%s did not answer GET %s: %s", base_url, path, exc)
+            return None
 
     def redirect(self, request: Request, base_url: str) -> Response:
         """A 307 to the same URL on the owner (the client asked for it with ``Tiered-Redirect``)."""
@@ -109,9 +172,8 @@ class Forwarder:
 
     async def forward(self, request: Request, base_url: str, shard: int) -> Response:
         """The owner's answer to ``request``; ``SHARD_NOT_OWNED`` (503) when the owner cannot be reached."""
-        url = (
-            base_url.rstrip("/") + request.path + (f"?{request.query_string}" if request.query_string else "")
-        )
+        client, prefix = self._target(base_url)
+        url = prefix + request.path + (f"?{request.query_string}" if request.query_string else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[FORWARDED_BY] = self.node_id
         if request.host:
@@ -122,7 +184,7 @@ class Forwarder:
         # a body, above all): forward exactly what the client sent.
         absent = [h for h in _AUTO if request.headers.get(h) is None]
         try:
-            resp = await self._client().request(
+            resp = await client.request(
                 request.method,
                 url,
                 headers=headers,
