@@ -183,7 +183,7 @@ def run_row(label: str, workers: int, shards: int, args: argparse.Namespace) -> 
         "forwarded": forwarded,
         "forwarded_share": sum(forwarded.values()) / ok if ok else 0.0,
     }
-    if forwarded:
+    if forwarded and shards == 1:  # the non-owners own nothing: all their work is forwarding
         row["cpu_us_per_forward"] = {
             k: 1e6 * net[k] / n for k, n in forwarded.items() if n > ok * 0.2 and k in net
         }

@@ -112,6 +112,7 @@ class Forwarder:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._unix: dict[str, aiohttp.ClientSession] = {}  # a multi-worker node's siblings, by socket
+        self._targets: dict[str, tuple[str | None, str]] = {}  # base URL -> (its socket, its prefix)
         self.forwarded = 0
 
     def _client(self) -> aiohttp.ClientSession:
@@ -135,9 +136,14 @@ class Forwarder:
 
     def _target(self, base_url: str) -> tuple[aiohttp.ClientSession, str]:
         """The client session for ``base_url`` and the URL prefix to send to."""
-        path = unix_socket_of(base_url)
+        found = self._targets.get(base_url)
+        if found is None:
+            if len(self._targets) > 1024:  # owners' URLs: a handful; bounded all the same
+                self._targets.clear()
+            found = self._targets[base_url] = (unix_socket_of(base_url), base_url.rstrip("/"))
+        path, prefix = found
         if path is None:
-            return self._client(), base_url.rstrip("/")
+            return self._client(), prefix
         return self._unix_client(path), "http://worker"
 
     async def close(self) -> None:
