@@ -176,12 +176,28 @@ def run(config: Config) -> int:
     except ConfigError as exc:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 2
+    # Worker processes (tiered/cli/workers.py): the data dir keeps the layout it was first served with.
+    from tiered.cluster.workers.layout import layout_problem
+
+    workers = config.worker_count() > 1
+    problem = None if config.cluster_node_id else layout_problem(config.data_path, workers=workers)
+    if problem is not None:
+        print(f"tiered: cannot start: {problem}", file=sys.stderr)
+        return 2
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
+    if workers:
+        from tiered.cli.workers import serve_workers
+
+        try:
+            return asyncio.run(serve_workers(config))
+        except (DataDirLocked, ObjectStoreError, OSError) as exc:
+            print(f"tiered: cannot start: {exc}", file=sys.stderr)
+            return 1
     from tiered.cluster.membership.identity import NodeIdInUse
 
     try:

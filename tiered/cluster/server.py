@@ -53,7 +53,9 @@ log = logging.getLogger(__name__)
 _SECRET_TRIES = 5
 
 
-async def open_cluster(config: Config, clock: Clock | None = None) -> ClusterServer:
+async def open_cluster(
+    config: Config, clock: Clock | None = None, *, shared_disk: bool = False
+) -> ClusterServer:
     """Open the store and read the cluster secret, then compose the node (nothing served or joined yet)."""
     c = config
     clock = clock or SystemClock()
@@ -63,7 +65,7 @@ async def open_cluster(config: Config, clock: Clock | None = None) -> ClusterSer
     except BaseException:
         await store.close()
         raise
-    return ClusterServer(c, clock, store, NodeSigner(secret, clock))
+    return ClusterServer(c, clock, store, NodeSigner(secret, clock), shared_disk=shared_disk)
 
 
 async def _secret(config: Config, cas: CasStore) -> bytes:
@@ -106,12 +108,16 @@ class ClusterServer:
         signer: NodeSigner,
         *,
         supervisor: Supervisor | None = None,
+        shared_disk: bool = False,
     ) -> None:
-        """``supervisor``: the owner of the node's own loops (by default its own, on ``clock``)."""
+        """``supervisor``: the owner of the node's own loops (by default its own, on ``clock``);
+        ``shared_disk``: a worker of a multi-worker node (``tiered/cluster/workers/``): its siblings share its
+        data dir, so shards are placed by rendezvous hashing as in object-store durability."""
         self.config = config
         self.clock = clock
         self.node_id = config.cluster_node_id
         self.object_store = config.durability == "object-store"
+        self.shared_disk = shared_disk
         self.store = store
         self.cas = ObjectStoreCas(store)
         self.signer = signer  # node-to-node requests (tiered/cluster/membership/secret.py)
@@ -128,6 +134,7 @@ class ClusterServer:
             engine_factory=self.features.engine,
             cas=self.cas,
             wal=WalSetup(store, _NodeChain(self.cas, self)) if self.object_store else None,
+            shared_disk=shared_disk,
         )
         self.node: ClusterNode | None = None  # once joined (its heartbeats advertise the listener's URL)
         self.advertise_url = ""
@@ -150,7 +157,7 @@ class ClusterServer:
                 self.advertise_url,
                 LeaseTiming(c.cluster_lease_ttl_s, c.lease_margin_s),
                 shard_count=c.cluster_shards,
-                rebalance=self.object_store,
+                rebalance=self.object_store or self.shared_disk,
                 serve_in_background=True,
             ),
             self.clock,

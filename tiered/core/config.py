@@ -277,6 +277,17 @@ class Config:
         "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
         "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
     )
+    # Worker processes (docs/workers.md): one node served by several processes sharing its port.
+    workers: int = setting(
+        1,
+        "worker processes serving this node, sharing its port and splitting its shards (0: one per CPU core; "
+        "1: a single process). A data dir is laid out for one process or for workers: it keeps its layout",
+    )
+    worker_shards: int = setting(
+        16,
+        "with workers: the node's shard count, fixed when the data dir is first served with workers "
+        "(at least the number of workers you will run)",
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -391,6 +402,28 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+        self._validate_workers()
+
+    def _validate_workers(self) -> None:
+        if self.workers < 0:
+            raise ConfigError("workers must not be negative (0: one per CPU core)")
+        if not 1 <= self.worker_shards <= 4096:
+            raise ConfigError("worker_shards must be between 1 and 4096")
+        if self.worker_count() == 1:
+            return
+        if self.cluster_node_id:
+            raise ConfigError("workers: a cluster node (cluster_node_id) runs as one process (workers = 1)")
+        if self.http_server != "granian":
+            raise ConfigError("workers share their port through http_server = 'granian'")
+
+    def worker_count(self) -> int:
+        """The worker processes to run (``workers``, 0 resolved to the CPU cores this process may use)."""
+        if self.workers:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            return max(1, os.cpu_count() or 1)
 
     @property
     def data_path(self) -> Path:

@@ -284,16 +284,21 @@ async def _drain(stream: Any, seen: int) -> None:
             return
 
 
-def _bindable_port(host: str, port: int) -> int:
+def _bindable_port(host: str, port: int, *, reuse_port: bool = False) -> int:
     """Bind ``(host, port)`` once ourselves: a busy port is a clear ``OSError`` here.
 
     granian binds in its own threads, where a failure only ends a worker; and a
     connect probe would succeed against whoever else holds the port. Port 0
     picks a free port (granian's workers cannot report one they chose).
+    ``reuse_port``: a worker of a multi-worker node (``tiered/cli/workers.py``)
+    shares the port with its siblings (granian binds with ``SO_REUSEPORT`` on
+    Linux), so its probe must too; the supervisor's own probe did not.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
@@ -320,8 +325,10 @@ class RsgiListener:
         max_connections: int = 16384,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self._app = _App(handler, max_body_bytes)
+        self._reuse_port = reuse_port
         self._max_connections = max_connections
         self._tls = (tls_cert, tls_key)
         self._servers: list[tuple[Server, asyncio.Task[None]]] = []
@@ -335,7 +342,9 @@ class RsgiListener:
         bound: list[tuple[str, int]] = []
         try:
             for address in listen_addresses(host):
-                port = _bindable_port(address, port)  # port 0: the first address picks, the others follow
+                port = _bindable_port(
+                    address, port, reuse_port=self._reuse_port
+                )  # port 0: the first address picks, the others follow
                 await self._start_one(address, port)
                 bound.append((address, port))
         except BaseException:
@@ -343,12 +352,21 @@ class RsgiListener:
             raise
         return bound
 
-    async def _start_one(self, address: str, port: int) -> None:
+    async def start_unix(self, path: Path) -> None:
+        """Listen on a Unix socket at ``path`` too (plain HTTP: a multi-worker node's workers reach each other
+        there, ``tiered/cluster/workers/``); a stale socket file left by a killed process is replaced."""
+        path.unlink(missing_ok=True)
+        await self._start_one("", 0, uds=path)
+
+    async def _start_one(self, address: str, port: int, uds: Path | None = None) -> None:
         cert, key = self._tls
+        if uds is not None:
+            cert = key = None  # local peers only, over a socket file only this user can open
         server = Server(
             self._app,
-            address=address,
+            address=address or "127.0.0.1",
             port=port,
+            uds=uds,
             interface=Interfaces.RSGI,
             http=HTTPModes.auto,  # HTTP/1.1, and HTTP/2 by ALPN over TLS or by prior knowledge
             websockets=False,
@@ -361,9 +379,13 @@ class RsgiListener:
             ssl_key=key,
         )
         server.workers_kill_timeout = 5
-        task = asyncio.get_running_loop().create_task(server.serve(), name=f"http-granian-{address}")
+        name = f"http-granian-{uds or address}"
+        task = asyncio.get_running_loop().create_task(server.serve(), name=name)
         self._servers.append((server, task))
-        await _until_listening(address, port, task)
+        if uds is not None:
+            await _until_listening_unix(uds, task)
+        else:
+            await _until_listening(address, port, task)
 
     async def stop(self, timeout: float = 5.0) -> None:
         servers, self._servers = self._servers, []
@@ -394,4 +416,22 @@ async def _until_listening(host: str, port: int, task: asyncio.Task[None], timeo
         except OSError:
             if loop.time() > deadline:
                 raise OSError(f"the HTTP server did not start listening on {host}:{port}") from None
+            await asyncio.sleep(0.01)
+
+
+async def _until_listening_unix(path: Path, task: asyncio.Task[None], timeout: float = 10.0) -> None:
+    """``_until_listening`` for a Unix socket."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if task.done():
+            task.result()
+            raise OSError(f"the HTTP server exited before listening on {path}")
+        try:
+            _, writer = await asyncio.open_unix_connection(str(path))
+            writer.close()
+            return
+        except OSError:
+            if loop.time() > deadline:
+                raise OSError(f"the HTTP server did not start listening on {path}") from None
             await asyncio.sleep(0.01)

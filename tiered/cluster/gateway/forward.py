@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from urllib.parse import quote, unquote
 
 import aiohttp
 
 from tiered.api.kit.types import Request, Response
+from tiered.cluster.gateway.unix_http import UnixHttp, UnixHttpFailed
 from tiered.core.errors import ErrorCode, TieredError
 
-__all__ = ["FORWARDED_BY", "REDIRECT_HEADER", "ForwardFailed", "Forwarder", "idempotent", "moved_away"]
+__all__ = [
+    "FORWARDED_BY",
+    "REDIRECT_HEADER",
+    "UNIX_SCHEME",
+    "ForwardFailed",
+    "Forwarder",
+    "idempotent",
+    "moved_away",
+    "unix_socket_of",
+    "unix_url",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +65,22 @@ _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
 _MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
+
+
+#: The advertised URL of a worker of a multi-worker node (``tiered/cluster/workers/``): its Unix socket.
+UNIX_SCHEME = "http+unix://"
+
+
+def unix_url(path: str) -> str:
+    """The advertised URL of a Unix socket (the path percent-encoded, so it is one URL authority)."""
+    return UNIX_SCHEME + quote(path, safe="")
+
+
+def unix_socket_of(base_url: str) -> str | None:
+    """The socket path a ``unix_url`` names; None for an ordinary http(s) URL."""
+    if not base_url.startswith(UNIX_SCHEME):
+        return None
+    return unquote(base_url[len(UNIX_SCHEME) :].rstrip("/"))
 
 
 class ForwardFailed(TieredError):
@@ -84,6 +112,10 @@ class Forwarder:
         self.node_id = node_id
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._unix: dict[str, UnixHttp] = {}  # a multi-worker node's siblings, by socket
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._targets: dict[str, tuple[str | None, str]] = {}  # base URL -> (its socket, its prefix)
         self.forwarded = 0
 
     def _client(self) -> aiohttp.ClientSession:
@@ -95,10 +127,55 @@ class Forwarder:
             )
         return self._session
 
+    def _unix_client(self, path: str) -> UnixHttp:
+        client = self._unix.get(path)
+        if client is None:
+            client = self._unix[path] = UnixHttp(
+                path, connect_timeout_s=self._connect_timeout_s, read_timeout_s=self._read_timeout_s
+            )
+        return client
+
+    def _target(self, base_url: str) -> tuple[str | None, str]:
+        """The Unix socket ``base_url`` names (None: an http(s) URL) and the URL prefix to send to."""
+        found = self._targets.get(base_url)
+        if found is None:
+            if len(self._targets) > 1024:  # owners' URLs: a handful; bounded all the same
+                self._targets.clear()
+            found = self._targets[base_url] = (unix_socket_of(base_url), base_url.rstrip("/"))
+        return found
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        clients, self._unix = list(self._unix.values()), {}
+        for client in clients:
+            await client.close()
+
+    async def fetch(
+        self, base_url: str, path_: str, headers: dict[str, str], timeout_s: float = 5.0
+    ) -> tuple[int, bytes] | None:
+        """A node's own answer to a ``GET`` of ``path`` (a multi-worker node's scrape of its siblings'
+        metrics: ``tiered/cluster/workers/metrics.py``); None if it could not be asked or did not answer."""
+        path, prefix = self._target(base_url)
+        if path is not None:
+            try:
+                answer = await self._unix_client(path).request(
+                    "GET", path_, headers, b"", read_timeout_s=timeout_s
+                )
+            except UnixHttpFailed as exc:
+                log.info("%s did not answer GET %s: %s", base_url, path_, exc)
+                return None
+            assert isinstance(answer.body, bytes)
+            return answer.status, answer.body
+        try:
+            async with self._client().get(
+                prefix + path_, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.info("%s did not answer GET %s: %s", base_url, path_, exc)
+            return None
 
     def redirect(self, request: Request, base_url: str) -> Response:
         """A 307 to the same URL on the owner (the client asked for it with ``Tiered-Redirect``)."""
@@ -109,22 +186,23 @@ class Forwarder:
 
     async def forward(self, request: Request, base_url: str, shard: int) -> Response:
         """The owner's answer to ``request``; ``SHARD_NOT_OWNED`` (503) when the owner cannot be reached."""
-        url = (
-            base_url.rstrip("/") + request.path + (f"?{request.query_string}" if request.query_string else "")
-        )
+        path, prefix = self._target(base_url)
+        target = request.path + (f"?{request.query_string}" if request.query_string else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[FORWARDED_BY] = self.node_id
         if request.host:
             # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
             headers["Host"] = request.host
         body = await request.body()
+        if path is not None:
+            return await self._forward_unix(request.method, path, target, headers, body, shard)
         # The client library adds headers the original request may not have had (a Content-Type for
         # a body, above all): forward exactly what the client sent.
         absent = [h for h in _AUTO if request.headers.get(h) is None]
         try:
             resp = await self._client().request(
                 request.method,
-                url,
+                prefix + target,
                 headers=headers,
                 data=body,
                 allow_redirects=False,
@@ -161,6 +239,21 @@ class Forwarder:
         finally:
             resp.release()
         return Response(resp.status, out, data)
+
+    async def _forward_unix(
+        self, method: str, path: str, target: str, headers: dict[str, str], body: bytes, shard: int
+    ) -> Response:
+        """``forward`` to a sibling worker over its Unix socket (``unix_http.py``: no aiohttp client)."""
+        try:
+            answer = await self._unix_client(path).request(method, target, headers, body)
+        except UnixHttpFailed as exc:
+            what = "could not be reached" if not exc.sent else "did not answer"
+            raise ForwardFailed(
+                shard, f"shard {shard}: its owner at {path} {what} ({exc}); retry", sent=exc.sent
+            ) from exc
+        self.forwarded += 1
+        out = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP}
+        return Response(answer.status, out, answer.body)
 
 
 async def _stream(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -81,6 +81,7 @@ from tiered.cluster.gateway.forward import (
     ForwardFailed,
     idempotent,
     moved_away,
+    unix_socket_of,
 )
 from tiered.cluster.gateway.routing import fanout_bucket, is_write, shard_key
 from tiered.cluster.gateway.scatter import Answer, ScatterPlan, plan_of, refusal
@@ -337,7 +338,11 @@ class ShardRouter:
                 owner=owner[0],
                 retry_after_s=1,
             )
-        if request.headers.get(REDIRECT_HEADER, "") == "307" and request.headers.get(TARGET_SHARD) is None:
+        if (
+            request.headers.get(REDIRECT_HEADER, "") == "307"
+            and request.headers.get(TARGET_SHARD) is None
+            and unix_socket_of(owner[1]) is None  # a sibling worker's socket is no place to send a client
+        ):
             return self.forwarder.redirect(request, owner[1])
         return await self.forwarder.forward(request, owner[1], shard)
 

@@ -29,6 +29,13 @@ manifest chain ends with another node's fence (its state is on that node's
 disk; the node with that id, back on that volume, or an operator takeover is
 the way out). Moving shards between machines without that constraint is the
 object-store durability mode (step 4), where a shard's state is in the store.
+
+``shared_disk``: the workers of one multi-worker node (``tiered serve
+--workers N``, ``tiered/cluster/workers/``) share one data dir, so any of them
+may serve any shard: ``prepare`` accepts every shard, and a shard's engine
+holds an exclusive lock on its directory while it is open (a sibling that
+lost the lease, paused or slow to close, keeps the next owner out until it let
+go: two processes never write one shard's journal).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from tiered.cold.objects.store import ObjectStore
 from tiered.core.clock import Clock, SystemClock
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.datadir import DataDirLock, DataDirLocked
 from tiered.engine.engine import Engine
 
 __all__ = ["EngineFactory", "ShardHost", "WalSetup", "plain_engine", "shard_config"]
@@ -97,6 +105,7 @@ class ShardHost:
         engine_factory: EngineFactory = plain_engine,
         cas: CasStore | None = None,
         wal: WalSetup | None = None,
+        shared_disk: bool = False,
     ) -> None:
         """``cas``: where operators' takeover grants are read (local durability); ``wal``: object-store
         durability (every acknowledged write in a WAL object, one shipper per shard: ``wal.py``)."""
@@ -112,6 +121,8 @@ class ShardHost:
         self.wal = wal
         self.object_store = wal is not None
         self.shippers: dict[int, WalShipper] = {}
+        self.shared_disk = shared_disk
+        self.locks: dict[int, DataDirLock] = {}  # shared_disk: each open shard's directory lock
 
     def engine(self, shard: int) -> Engine:
         """The engine serving ``shard`` here; the cluster's ``may_acknowledge`` gates its writes."""
@@ -128,8 +139,8 @@ class ShardHost:
     # -- ShardHooks ---------------------------------------------------------------------
 
     async def prepare(self, shard: int, epoch: int, latest: ManifestEntry | None) -> None:
-        if self.object_store:
-            return  # everything acknowledged is in the store: any node can serve the shard
+        if self.object_store or self.shared_disk:
+            return  # everything acknowledged is in the store, or on the disk every worker shares
         if latest is not None and latest.writer != self.node_id:
             if await self._granted(shard, latest):
                 log.warning(
@@ -171,6 +182,39 @@ class ShardHost:
             return
         config = shard_config(self.base, shard)
         config.data_path.mkdir(parents=True, exist_ok=True)
+        if self.shared_disk:
+            await self._lock(shard, config)
+        try:
+            await self._start(shard, epoch, config)
+        except BaseException:
+            self._unlock(shard)
+            raise
+
+    async def _lock(self, shard: int, config: Config, wait_s: float = 10.0) -> None:
+        """Take the shard directory's lock, waiting (bounded) for a sibling worker still closing it."""
+        lock = DataDirLock(config.data_path)
+        deadline = self.clock.monotonic() + wait_s
+        while True:
+            try:
+                lock.acquire()
+                break
+            except DataDirLocked:
+                if self.clock.monotonic() > deadline:
+                    raise TieredError(
+                        ErrorCode.SHARD_NOT_OWNED,
+                        f"shard {shard}: its directory is still open in another worker",
+                        shard=shard,
+                        retry_after_s=1,
+                    ) from None
+                await asyncio.sleep(0.02)
+        self.locks[shard] = lock
+
+    def _unlock(self, shard: int) -> None:
+        lock = self.locks.pop(shard, None)
+        if lock is not None:
+            lock.release()
+
+    async def _start(self, shard: int, epoch: int, config: Config) -> None:
         shipper = None
         if self.wal is not None:
             # The store holds the truth; the local directory is a cache, rebuilt from the chain.
@@ -229,6 +273,8 @@ class ShardHost:
             await node.stop()
         except Exception:
             log.exception("shard %d: closing its engine failed", shard)
+        finally:
+            self._unlock(shard)  # only once closed: the next owner may open the directory now
         log.info("shard %d: engine closed (%s)", shard, reason)
 
     async def _wait_closed(self) -> None:

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""CPU per append of each worker of ``tiered serve --workers N``, and what forwarding between workers costs.
+
+Each row starts a fresh node on a free 127.0.0.1 port with a temp data dir
+(fsync ``always``, the default), creates ``--streams`` streams, runs
+``wrk`` with ``bench/wrk/append.lua`` (``--size``-byte appends, round-robin)
+for ``--duration`` seconds, and reads every server process's user + system
+CPU from ``/proc`` before and after the window; an idle window of the same
+length first gives each process's background CPU (lease loop, the shards'
+jobs), which is subtracted. Rows:
+
+* ``single``: ``--workers 1``, today's single process (the baseline);
+* ``workers-spread``: ``--workers N`` with ``--worker-shards`` shards: the
+  kernel spreads connections over the workers, shards are spread too, so
+  about (N-1)/N of the appends are forwarded once;
+* ``workers-one-shard``: ``--workers N --worker-shards 1``: one worker owns
+  every stream and the others only forward; the non-owners' CPU divided by
+  the appends they forwarded (``tiered_cluster_forwarded``) is the cost of
+  forwarding one append, to compare with the owner's CPU per append.
+
+Prints a table and, with ``--json``, writes every figure. Loopback only;
+every load run bounded by ``--duration``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def http(method: str, url: str, body: bytes = b"", timeout: float = 30) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body if method in ("PUT", "POST") else None, method=method)
+    req.add_header("Content-Type", "application/octet-stream")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class Node:
+    def __init__(self, cmd: list[str], workers: int, shards: int, data: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data.parent / "server.log"
+        args = ["--host", "127.0.0.1", "--port", str(self.port), "--data-dir", str(data)]
+        args += ["--workers", str(workers), "--worker-shards", str(shards)]
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [*cmd, *args], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.workers = workers
+
+    def wait_up(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if http("GET", self.url + "/healthz", timeout=2)[0] == 200 and self._all_listening():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("server did not come up")
+
+    def _all_listening(self) -> bool:
+        return self.workers == 1 or "tiered listening on" in self.log_path.read_text(errors="replace")
+
+    def pids(self) -> dict[str, int]:
+        """Every server process: the supervisor (or the single process) and each worker."""
+        found = {"main": self.proc.pid}
+        text = self.log_path.read_text(errors="replace")
+        found.update({w: int(p) for w, p in re.findall(r"worker (w\d+) started \(pid (\d+)\)", text)})
+        return found
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_s(pid) for name, pid in self.pids().items()}
+
+    def metric(self, name: str) -> dict[str, float]:
+        """``name``'s samples summed by worker (or under ``main`` for a single process)."""
+        _, body = http("GET", self.url + "/metrics")
+        out: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if not line.startswith(name):
+                continue
+            worker = m.group(1) if (m := re.search(r'worker="(w\d+)"', line)) else "main"
+            out[worker] = out.get(worker, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def wrk(url: str, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    cmd = [
+        "wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{args.duration}s", "--timeout", "30s",
+        "--latency", "-s", str(HERE / "wrk" / "append.lua"), url + "/v1/stream", "--",
+        f"streams={args.streams}", f"size={args.size}", f"prefix={prefix}", f"threads={args.threads}",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60).stdout
+    line = next(x for x in out.splitlines() if x.startswith("BENCH_RESULT "))
+    return dict(json.loads(line[len("BENCH_RESULT ") :]))
+
+
+def run_row(label: str, workers: int, shards: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="tiered-bench-workers-") as tmp:
+        node = Node(shlex.split(args.cmd), workers, shards, Path(tmp) / "data")
+        try:
+            node.wait_up()
+            prefix = f"bw{int(time.time())}-"
+            for i in range(args.streams):
+                status, body = http("PUT", f"{node.url}/v1/stream/{prefix}{i}")
+                assert status == 201, (status, body)
+            wrk(node.url, argparse.Namespace(**{**vars(args), "duration": 2}), prefix)  # warm-up
+            before_idle = node.cpu()
+            time.sleep(args.duration)
+            idle = {k: v - before_idle.get(k, 0.0) for k, v in node.cpu().items()}
+            forwarded_before = node.metric("tiered_cluster_forwarded_total")
+            before = node.cpu()
+            result = wrk(node.url, args, prefix)
+            after = node.cpu()
+            forwarded = {
+                k: v - forwarded_before.get(k, 0.0)
+                for k, v in node.metric("tiered_cluster_forwarded_total").items()
+            }
+        finally:
+            node.stop()
+    seconds = result["duration_us"] / 1e6
+    ok = result["ok"]
+    busy = {k: after[k] - before.get(k, 0.0) for k in after}
+    net = {k: max(0.0, busy[k] - idle.get(k, 0.0) * seconds / args.duration) for k in busy}
+    row: dict[str, Any] = {
+        "label": label,
+        "workers": workers,
+        "shards": shards,
+        "appends_per_s": ok / seconds,
+        "p50_ms": result["latency_us"]["percentiles"]["50"] / 1000,
+        "p99_ms": result["latency_us"]["percentiles"]["99"] / 1000,
+        "non2xx": result["non2xx"],
+        "cpu_s": busy,
+        "idle_cpu_s_per_s": {k: v / args.duration for k, v in idle.items()},
+        "cpu_us_per_append": {k: 1e6 * v / ok for k, v in net.items()},
+        "cpu_us_per_append_total": 1e6 * sum(net.values()) / ok,
+        "forwarded": forwarded,
+        "forwarded_share": sum(forwarded.values()) / ok if ok else 0.0,
+    }
+    if forwarded and shards == 1:  # the non-owners own nothing: all their work is forwarding
+        row["cpu_us_per_forward"] = {
+            k: 1e6 * net[k] / n for k, n in forwarded.items() if n > ok * 0.2 and k in net
+        }
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cmd", default=f"{sys.executable} -m tiered.cli serve")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-shards", type=int, default=16)
+    parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--duration", type=int, default=8)
+    parser.add_argument("--rows", default="single,workers-spread,workers-one-shard")
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    plan = {
+        "single": (1, args.worker_shards),
+        "workers-spread": (args.workers, args.worker_shards),
+        "workers-one-shard": (args.workers, 1),
+    }
+    rows = [run_row(name, *plan[name], args) for name in args.rows.split(",")]
+    print(
+        f"{'row':<20} {'appends/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/append':>14} {'fwd %':>6}  per process"
+    )
+    for r in rows:
+        per = " ".join(f"{k}={v:.0f}" for k, v in sorted(r["cpu_us_per_append"].items()))
+        fwd = " ".join(f"{k}={v:.0f}us/fwd" for k, v in sorted(r.get("cpu_us_per_forward", {}).items()))
+        print(
+            f"{r['label']:<20} {r['appends_per_s']:>10.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+            f"{r['cpu_us_per_append_total']:>14.1f} {100 * r['forwarded_share']:>6.1f}  {per} {fwd}"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "load": os.getloadavg(), "rows": rows}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

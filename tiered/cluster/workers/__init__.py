@@ -1,0 +1,1 @@
+"""One node served by several worker processes (``tiered serve --workers N``): docs/workers.md."""
