@@ -277,6 +277,13 @@ class Config:
         "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
         "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
     )
+    # Stream snapshots and bootstrap reads (docs/snapshots.md).
+    stream_snapshot_max_bytes: int = setting(
+        16 * MiB, "largest stream snapshot a writer may publish (at most max_body_bytes); larger gets 413"
+    )
+    bootstrap_max_bytes: int = setting(
+        16 * MiB, "most update bytes one bootstrap read returns after the snapshot; then it is partial"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -309,6 +316,8 @@ class Config:
             "max_waiters",
             "read_chunk_bytes",
             "snapshot_every_bytes",
+            "stream_snapshot_max_bytes",
+            "bootstrap_max_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")

@@ -110,6 +110,8 @@ def decode_snapshot(
             state.children.setdefault(s.fork_source, set()).add(s.uid)
         for ref in s.cold_refs:
             state.cold_objects[ref.key].refs += 1
+        if s.snapshot is not None:  # a stream snapshot's object is owned by its stream too
+            state.cold_objects[s.snapshot.key].refs += 1
     state.copies_in_flight = snap.copies_in_flight
     state.paths = {(b, p): uid for b, p, uid in snap.paths}
     state.erased_buckets = snap.erased_buckets

@@ -163,6 +163,24 @@ class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
     orphan: bool
 
 
+class SnapshotPublished(_Record, frozen=True, tag="stream.snapshot.v1"):
+    """A stream snapshot's object is uploaded (its intent: a ``ColdCopyStarted`` with no ranges): now the newest.
+
+    Replaces the stream's previous snapshot (its object released to GC);
+    ``retain``: the stream's retained offset advances to ``offset`` too.
+    """
+
+    uid: int
+    offset: int
+    key: str
+    size: int
+    crc32c: int
+    digest: str
+    content_type: str
+    retain: bool
+    ts_ms: int
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -180,4 +198,5 @@ StreamRecord = (
     | RetentionAdvanced
     | ColdDeleteStarted
     | ColdDeleteFinished
+    | SnapshotPublished
 )
