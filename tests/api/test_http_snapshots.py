@@ -25,7 +25,7 @@ from tests.support.http_helpers import (
     request,
 )
 from tests.support.server_process import ServerProcess
-from tiered.core.ids import format_offset, parse_offset
+from tiered.core.ids import DEFAULT_BUCKET, format_offset, parse_offset
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -314,3 +314,58 @@ def test_retention_to_snapshot_and_410_points_at_it(srv: ServerProcess) -> None:
     # A snapshot below the retained offset has no suffix: 410.
     status, _, body = publish(u, start, b"older")
     assert status == 410 and error_code(body) == "OFFSET_GONE"
+
+
+def test_retain_snapshot_policy_and_admin_retain(srv: ServerProcess) -> None:
+    u = new_stream(srv)
+    name = u.rsplit("/", 1)[1]
+    a = append(u, b"aaaa")[1]["Stream-Next-Offset"]
+    b = append(u, b"bbbb")[1]["Stream-Next-Offset"]
+    start = shift(a, -4)
+    assert publish(u, a, b"A")[0] == 204
+    assert head(u)[1]["Stream-Retained-Offset"] == start  # publishing alone keeps history
+    # The operator retains from the snapshot, on request.
+    status, headers, _ = request(
+        "POST", f"{srv.url}/v1/admin/retain/{DEFAULT_BUCKET}/{name}", {}, b'{"offset": "snapshot"}'
+    )
+    assert status == 204 and headers["Stream-Retained-Offset"] == a
+    # ``retain: snapshot`` on the stream: every newer snapshot moves retention with it.
+    status, _, body = request(
+        "PUT", f"{srv.url}/v1/admin/retention/{DEFAULT_BUCKET}/{name}", {}, b'{"retain": "snapshot"}'
+    )
+    assert status == 200 and json.loads(body)["retain"] == "snapshot"
+    assert publish(u, b, b"B")[0] == 204
+    assert head(u)[1]["Stream-Retained-Offset"] == b
+    assert read(u, a)[0] == 410
+    status, _, body = request(
+        "PUT", f"{srv.url}/v1/admin/retention/{DEFAULT_BUCKET}/{name}", {}, b'{"retain": "everything"}'
+    )
+    assert status == 400
+    # Off again: a newer snapshot leaves retention where it is.
+    assert request("PUT", f"{srv.url}/v1/admin/retention/{DEFAULT_BUCKET}/{name}", {}, b"{}")[0] == 200
+    c = append(u, b"cccc")[1]["Stream-Next-Offset"]
+    assert publish(u, c, b"C")[0] == 204
+    assert head(u)[1]["Stream-Retained-Offset"] == b
+    # No snapshot to retain from: 404.
+    v = new_stream(srv, body=b"x")
+    status, _, body = request(
+        "POST",
+        f"{srv.url}/v1/admin/retain/{DEFAULT_BUCKET}/{v.rsplit('/', 1)[1]}",
+        {},
+        b'{"offset": "snapshot"}',
+    )
+    assert (status, error_code(body)) == (404, "SNAPSHOT_NOT_FOUND")
+
+
+def test_retain_snapshot_on_a_bucket(srv: ServerProcess) -> None:
+    bucket = "snapbucket-" + format_offset(0)[-4:]
+    assert request("PUT", f"{srv.url}/v1/buckets/{bucket}")[0] in (200, 201)
+    u = new_stream(srv, bucket=bucket, body=b"0123")
+    a = head(u)[1]["Stream-Next-Offset"]
+    assert publish(u, a, b"S0")[0] == 204
+    status, _, _ = request("PUT", f"{srv.url}/v1/admin/retention/{bucket}", {}, b'{"retain": "snapshot"}')
+    assert status == 200
+    assert head(u)[1]["Stream-Retained-Offset"] == a  # turned on: retained from the snapshot at once
+    b = append(u, b"4567")[1]["Stream-Next-Offset"]
+    assert publish(u, b, b"S1")[0] == 204
+    assert head(u)[1]["Stream-Retained-Offset"] == b

@@ -94,6 +94,7 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
             engine.readiness,
             exposition,
             lambda: engine.journal.failed is None,
+            snapshots=engine.snapshots,
         ),
         auth=AuthRoutes(engine.auth),
         tenants=TenantRoutes(engine.tenants),

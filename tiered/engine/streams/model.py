@@ -214,6 +214,7 @@ class Stream(msgspec.Struct, array_like=True):
     # Durable, added after the derived fields above (so older snapshots decode without it): the newest
     # snapshot a writer published (``tiered.engine.streams.snapshots``).
     snapshot: PublishedSnapshot | None = None
+    retain_snapshot: bool = False  # ``retain: snapshot`` on this stream: retention follows its snapshot
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)

@@ -166,8 +166,9 @@ class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
 class SnapshotPublished(_Record, frozen=True, tag="stream.snapshot.v1"):
     """A stream snapshot's object is uploaded (its intent: a ``ColdCopyStarted`` with no ranges): now the newest.
 
-    Replaces the stream's previous snapshot (its object released to GC);
-    ``retain``: the stream's retained offset advances to ``offset`` too.
+    Replaces the stream's previous snapshot (its object released to GC). When
+    retention follows it (asked, or ``retain: snapshot``), a ``RetentionAdvanced``
+    to ``offset`` is committed with it, so every observer of retention sees it.
     """
 
     uid: int
@@ -177,7 +178,19 @@ class SnapshotPublished(_Record, frozen=True, tag="stream.snapshot.v1"):
     crc32c: int
     digest: str
     content_type: str
-    retain: bool
+    ts_ms: int
+
+
+class SnapshotRetentionSet(_Record, frozen=True, tag="snapshot.retention.v1"):
+    """``retain: snapshot`` on a bucket (uid None) or one stream: retention follows the newest snapshot.
+
+    Turned on, every stream it covers that has a snapshot is retained from it at once (a
+    ``RetentionAdvanced`` committed with it).
+    """
+
+    bucket: str
+    uid: int | None
+    on: bool
     ts_ms: int
 
 
@@ -199,4 +212,5 @@ StreamRecord = (
     | ColdDeleteStarted
     | ColdDeleteFinished
     | SnapshotPublished
+    | SnapshotRetentionSet
 )

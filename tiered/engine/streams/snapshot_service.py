@@ -31,7 +31,7 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ports import PrefixOwner
 from tiered.engine.streams import snapshots
 from tiered.engine.streams.model import PublishedSnapshot, Stream
-from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted, SnapshotPublished
+from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted
 from tiered.engine.streams.service import StreamService
 from tiered.hot.segment import crc32c
 
@@ -148,16 +148,16 @@ class SnapshotService:
         try:
             if not streams.still_live(s):
                 raise TieredError(ErrorCode.STREAM_NOT_FOUND, "stream was deleted")
-            decided = snapshots.published_record(
-                s, req, key, streams.view(s).tail, self.max_bytes, self.clock.now_ms()
+            decided = snapshots.published_records(
+                self.state, s, req, key, streams.view(s).tail, self.max_bytes, self.clock.now_ms()
             )
         except TieredError as exc:
             await self._abort(key, exc.message)
             raise
-        if not isinstance(decided, SnapshotPublished):  # a concurrent identical publish won
+        if isinstance(decided, PublishedSnapshot):  # a concurrent identical publish won
             await self._abort(key, "the same snapshot was published meanwhile")
             return Published(decided, s, False)
-        await self.committer.durable(self.committer.commit_nowait([decided]))
+        await self.committer.durable(self.committer.commit_nowait(decided))
         await self.steps("commit")
         snap = s.snapshot
         assert snap is not None and snap.key == key
@@ -228,6 +228,12 @@ class SnapshotService:
             end = start + cut
         up_to_date = end >= v.tail
         return Bootstrap(s, snap, body, start, updates, end, up_to_date, up_to_date and v.closed)
+
+    async def set_retention(self, bucket: str, path: str | None, on: bool) -> None:
+        """``retain: snapshot`` on a bucket or one stream (or off)."""
+        await self.committer.admit()
+        records = snapshots.decide_retention(self.state, bucket, path, on, self.clock.now_ms())
+        await self.committer.durable(self.committer.commit_nowait(records))
 
     async def retain_to_snapshot(self, bucket: str, path: str) -> Stream:
         """Advance the stream's retained offset to its newest snapshot (``retain: snapshot``)."""

@@ -32,8 +32,8 @@ from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset, parse_offset
 from tiered.engine.streams.model import ColdObject, PublishedSnapshot, Stream
-from tiered.engine.streams.records import SnapshotPublished
-from tiered.engine.streams.release import release_chain, unref
+from tiered.engine.streams.records import RetentionAdvanced, SnapshotPublished, SnapshotRetentionSet
+from tiered.engine.streams.release import unref
 
 if TYPE_CHECKING:
     from tiered.engine.streams.state import StreamState
@@ -132,24 +132,31 @@ def check_publish(s: Stream, req: PublishRequest, tail: int, max_bytes: int) -> 
     return None
 
 
-def published_record(
-    s: Stream, req: PublishRequest, key: str, tail: int, max_bytes: int, now_ms: int
-) -> SnapshotPublished | PublishedSnapshot:
-    """Right before the commit: the record, or the snapshot a concurrent identical publish already made."""
+def published_records(
+    state: StreamState, s: Stream, req: PublishRequest, key: str, tail: int, max_bytes: int, now_ms: int
+) -> list[SnapshotPublished | RetentionAdvanced] | PublishedSnapshot:
+    """Right before the commit: the records, or the snapshot a concurrent identical publish already made.
+
+    Retention follows the new snapshot when the publish asks it or ``retain: snapshot`` covers the stream.
+    """
     existing = check_publish(s, req, tail, max_bytes)
     if existing is not None:
         return existing
-    return SnapshotPublished(
-        uid=s.uid,
-        offset=req.offset,
-        key=key,
-        size=req.size,
-        crc32c=req.crc32c,
-        digest=req.digest,
-        content_type=req.content_type,
-        retain=req.retain,
-        ts_ms=now_ms,
-    )
+    records: list[SnapshotPublished | RetentionAdvanced] = [
+        SnapshotPublished(
+            uid=s.uid,
+            offset=req.offset,
+            key=key,
+            size=req.size,
+            crc32c=req.crc32c,
+            digest=req.digest,
+            content_type=req.content_type,
+            ts_ms=now_ms,
+        )
+    ]
+    if (req.retain or retains_to_snapshot(state, s)) and req.offset > s.retained_from:
+        records.append(RetentionAdvanced(ts_ms=now_ms, advances=((s.uid, req.offset),)))
+    return records
 
 
 def check_retain_to_snapshot(s: Stream) -> int:
@@ -201,9 +208,48 @@ def apply_published(state: StreamState, record: SnapshotPublished) -> None:
     obj.released_ms = None
     if old is not None:
         unref(state, old.key, record.ts_ms)
-    if record.retain and record.offset > s.retained_from:
-        s.retained_from = min(record.offset, s.tail)
-        release_chain(state, s, record.ts_ms)
+
+
+def retains_to_snapshot(state: StreamState, s: Stream) -> bool:
+    """``retain: snapshot`` covers ``s``: set on the stream, or on its bucket."""
+    return s.retain_snapshot or s.bucket in state.snapshot_retention
+
+
+def decide_retention(
+    state: StreamState, bucket: str, path: str | None, on: bool, now_ms: int
+) -> list[SnapshotRetentionSet | RetentionAdvanced]:
+    """``retain: snapshot`` on a bucket (``path`` None) or one of its streams, or off again.
+
+    Turned on, what it covers is retained from its snapshot at once.
+    """
+    if bucket not in state.buckets:
+        raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
+    covered = [state.lookup(bucket, path, now_ms)] if path is not None else []
+    if path is None:
+        covered = [s for s in state.streams.values() if s.bucket == bucket and not s.soft_deleted]
+    records: list[SnapshotRetentionSet | RetentionAdvanced] = [
+        SnapshotRetentionSet(
+            bucket=bucket, uid=covered[0].uid if path is not None else None, on=on, ts_ms=now_ms
+        )
+    ]
+    advances = tuple(
+        (s.uid, s.snapshot.offset)
+        for s in covered
+        if on and s.snapshot is not None and s.snapshot.offset > s.retained_from
+    )
+    if advances:
+        records.append(RetentionAdvanced(ts_ms=now_ms, advances=advances))
+    return records
+
+
+def apply_retention_set(state: StreamState, record: SnapshotRetentionSet) -> None:
+    if record.uid is None:
+        if record.on:
+            state.snapshot_retention.add(record.bucket)
+        else:
+            state.snapshot_retention.discard(record.bucket)
+    elif (target := state.streams.get(record.uid)) is not None:
+        target.retain_snapshot = record.on
 
 
 def drop(state: StreamState, s: Stream, ts_ms: int) -> None:

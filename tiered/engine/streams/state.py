@@ -50,6 +50,7 @@ from tiered.engine.streams.records import (
     RetentionAdvanced,
     RetentionPolicySet,
     SnapshotPublished,
+    SnapshotRetentionSet,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
@@ -97,6 +98,7 @@ class StreamState:
         self.children: dict[int, set[int]] = {}  # uid -> uids of live forks of it
         self.erased_buckets: dict[str, int] = {}  # fenced forever: name -> erased at
         self.bucket_retention: dict[str, tuple[int | None, int | None]] = {}  # name -> (ms, bytes)
+        self.snapshot_retention: set[str] = set()  # buckets with ``retain: snapshot`` (``snapshots``)
         # Derived, not journal state: uids that may hold hot chunks (built on first use, so a
         # state decoded from a snapshot builds it once); see hot_resident().
         self._hot_index: set[int] | None = None
@@ -229,4 +231,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     RetentionAdvanced: lambda st, r, _: release.apply_retention_advanced(st, r),
     RetentionPolicySet: lambda st, r, _: release.apply_policy_set(st, r),
     SnapshotPublished: lambda st, r, _: snapshots.apply_published(st, r),
+    SnapshotRetentionSet: lambda st, r, _: snapshots.apply_retention_set(st, r),
 }
