@@ -124,7 +124,7 @@ def test_crash_after_each_step_of_a_publish(tmp_path: Path, step: str) -> None:
         s = h.s.streams.lookup(B, P)
         snap = s.snapshot
         assert snap is not None
-        if step == "commit":  # journaled before the crash: it survives (the client may not know; a retry matches)
+        if step == "commit":  # journaled before the crash: it survives (a retry of the publish matches it)
             assert (snap.offset, await h.s.snapshots.body(snap)) == (12, b"in flight")
             again = await h.s.snapshots.publish(B, P, 12, b"in flight", "application/x-state")
             assert again.created is False
