@@ -309,3 +309,59 @@ def test_a_fixed_sequence_covering_every_operation(tmp_path: Path) -> None:
         ("gc", 0),
     ]
     asyncio.run(run_sequence(tmp_path / "data", sequence))
+
+
+# ------------------------------------------------------------- damage, verify, erasure
+
+
+def test_a_damaged_snapshot_is_an_integrity_error_never_a_200(tmp_path: Path) -> None:
+    from tiered.cli.verify import verify_cold
+
+    data = tmp_path / "data"
+
+    async def run() -> None:
+        h = Harness(make_config(data))
+        await h.start()
+        await h.create(B, P, b"abc")
+        await publish(h, 3, b"the state")
+        report = await verify_cold(h.s.state, h.s.snapshots.store)
+        assert report.errors == [] and report.objects == 1
+        [path] = (data / "cold" / "data").glob("*.snapshot")
+        path.write_bytes(b"the stale")  # same size, other bytes
+        snap = h.s.streams.lookup(B, P).snapshot
+        assert snap is not None
+        with pytest.raises(TieredError) as damaged:
+            await h.s.snapshots.body(snap)
+        assert damaged.value.code is ErrorCode.DATA_DAMAGED
+        with pytest.raises(TieredError):
+            await h.s.snapshots.bootstrap(B, P)
+        report = await verify_cold(h.s.state, h.s.snapshots.store)
+        assert report.errors == [f"{snap.key}: checksum mismatch (the object changed after upload)"]
+        path.unlink()
+        with pytest.raises(TieredError) as missing:
+            await h.s.snapshots.body(snap)
+        assert missing.value.code is ErrorCode.DATA_DAMAGED
+        await h.stop()
+
+    asyncio.run(run())
+
+
+def test_erasing_the_bucket_releases_its_snapshots(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    async def run() -> None:
+        clock = VirtualClock(T0)
+        h = Harness(make_config(data, gc_grace_s=GRACE_MS / 1000), clock=clock)
+        await h.start()
+        await h.bucket("acme")
+        await h.create("acme", "a", b"1234")
+        await h.s.snapshots.publish("acme", "a", 4, b"S", "text/plain")
+        assert len(snapshot_files(data)) == 1
+        await h.s.streams.erase_bucket("acme")
+        clock.advance(GRACE_MS + 1)
+        report = await h.gc(clock.now_ms(), reconcile=True)
+        assert not report.integrity_errors
+        assert snapshot_files(data) == set()
+        await h.stop()
+
+    asyncio.run(run())
