@@ -143,6 +143,14 @@ def test_publish_discover_read_and_bootstrap(srv: ServerProcess) -> None:
     assert status == 200
     assert headers["Stream-Snapshot-Offset"] == mid
     assert headers["Stream-Snapshot-ETag"] == etag
+    # Browsers may read them (CORS), and send the publish's own headers.
+    exposed = {h.strip() for h in headers["Access-Control-Expose-Headers"].split(",")}
+    assert {"Stream-Snapshot-Offset", "Stream-Snapshot-ETag"} <= exposed
+    status, headers, _ = request(
+        "OPTIONS", u, {"Origin": "https://app.example", "Access-Control-Request-Method": "PUT"}
+    )
+    allowed = {h.strip() for h in headers["Access-Control-Allow-Headers"].split(",")}
+    assert {"If-Match", "Stream-Snapshot-Retain", "If-None-Match"} <= allowed
 
     headers, parts = bootstrap(u)
     assert headers["Stream-Snapshot-Offset"] == mid
