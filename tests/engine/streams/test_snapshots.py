@@ -16,6 +16,7 @@ publish, and a property test against a model.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.gc_support import T0, Harness, VirtualClock, make_config
+from tests.support.gc_support import JSON, OCTET, T0, Harness, VirtualClock, make_config
 from tiered.cold.objects.keys import is_snapshot_key
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.engine.engine import Engine
@@ -192,7 +193,9 @@ def test_the_journal_holds_intent_then_commit(tmp_path: Path) -> None:
 
 @dataclass
 class Model:
-    data: bytearray = field(default_factory=bytearray)  # every byte ever appended (offsets from 0)
+    json: bool = False
+    data: bytearray = field(default_factory=bytearray)  # every byte ever stored (offsets from 0)
+    boundaries: list[int] = field(default_factory=lambda: [0])  # message boundaries (JSON: where one ends)
     retained: int = 0
     snapshot: tuple[int, bytes] | None = None
 
@@ -227,11 +230,20 @@ async def check(h: Harness, model: Model) -> None:
 async def step(h: Harness, clock: VirtualClock, model: Model, op: Op) -> None:
     kind, n = op
     if kind == "append":
-        chunk = bytes((len(model.data) + i) % 251 for i in range(n))
-        await h.append(B, P, chunk)
-        model.data += chunk
+        if model.json:  # 1 to 3 messages per append: boundaries inside an append too
+            messages = [{"i": len(model.boundaries), "pad": "x" * (n + k)} for k in range(1 + n % 3)]
+            await h.append(B, P, json.dumps(messages, separators=(",", ":")).encode())
+            for m in messages:
+                model.data += json.dumps(m, separators=(",", ":")).encode() + b"\n"
+                model.boundaries.append(len(model.data))
+        else:
+            chunk = bytes((len(model.data) + i) % 251 for i in range(n))
+            await h.append(B, P, chunk)
+            model.data += chunk
     elif kind.startswith("snapshot"):
         offset = model.retained + n * (len(model.data) - model.retained) // 100
+        if model.json:  # the greatest message boundary at or below it (never below the retained offset)
+            offset = max(b for b in model.boundaries if b <= offset and b >= model.retained)
         body = f"state@{offset}:{n}".encode()
         retain = kind == "snapshot-retain"
         try:
@@ -262,12 +274,12 @@ async def step(h: Harness, clock: VirtualClock, model: Model, op: Op) -> None:
         await h.restart(crash=bool(n))
 
 
-async def run_sequence(data: Path, sequence: list[Op]) -> None:
+async def run_sequence(data: Path, sequence: list[Op], content_type: str = OCTET) -> None:
     clock = VirtualClock(T0)
     h = Harness(make_config(data, gc_grace_s=GRACE_MS / 1000), clock=clock)
     await h.start()
-    await h.create(B, P)
-    model = Model()
+    await h.create(B, P, content_type=content_type)
+    model = Model(json=content_type == JSON)
     try:
         for op in sequence:
             await step(h, clock, model, op)
@@ -284,14 +296,16 @@ async def run_sequence(data: Path, sequence: list[Op]) -> None:
         await h.stop()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("content_type", [OCTET, JSON])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sequence=st.lists(ops, min_size=4, max_size=20))
-def test_bootstrap_is_always_snapshot_plus_model_suffix(sequence: list[Op]) -> None:
+def test_bootstrap_is_always_snapshot_plus_model_suffix(content_type: str, sequence: list[Op]) -> None:
     with tempfile.TemporaryDirectory() as d:
-        asyncio.run(run_sequence(Path(d) / "data", sequence))
+        asyncio.run(run_sequence(Path(d) / "data", sequence, content_type))
 
 
-def test_a_fixed_sequence_covering_every_operation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content_type", [OCTET, JSON])
+def test_a_fixed_sequence_covering_every_operation(tmp_path: Path, content_type: str) -> None:
     sequence: list[Op] = [
         ("append", 30),
         ("snapshot", 50),
@@ -308,7 +322,7 @@ def test_a_fixed_sequence_covering_every_operation(tmp_path: Path) -> None:
         ("flush", 0),
         ("gc", 0),
     ]
-    asyncio.run(run_sequence(tmp_path / "data", sequence))
+    asyncio.run(run_sequence(tmp_path / "data", sequence, content_type))
 
 
 # ------------------------------------------------------------- damage, verify, erasure

@@ -237,6 +237,8 @@ class SnapshotService:
 
     async def retain_to_snapshot(self, bucket: str, path: str) -> Stream:
         """Advance the stream's retained offset to its newest snapshot (``retain: snapshot``)."""
+        await self.committer.admit()
         s = self.streams.lookup(bucket, path)
-        offset = snapshots.check_retain_to_snapshot(s)
-        return await self.streams.retain_from(bucket, path, offset)
+        records = snapshots.decide_retain_to_snapshot(s, self.clock.now_ms())
+        await self.committer.durable(self.committer.commit_nowait(records))
+        return s

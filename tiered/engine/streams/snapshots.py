@@ -159,11 +159,15 @@ def published_records(
     return records
 
 
-def check_retain_to_snapshot(s: Stream) -> int:
-    """The offset ``retain: snapshot`` advances to: the newest snapshot's (none: 404)."""
+def decide_retain_to_snapshot(s: Stream, now_ms: int) -> list[RetentionAdvanced]:
+    """Retain ``s`` from its newest snapshot (none: 404). Its offset was checked a message boundary when
+    it was published, so retention moves exactly there (not to an earlier record edge, as an arbitrary
+    offset of a JSON stream does)."""
     if s.snapshot is None:
         raise TieredError(ErrorCode.SNAPSHOT_NOT_FOUND, "the stream has no snapshot to retain from")
-    return s.snapshot.offset
+    if s.snapshot.offset <= s.retained_from:
+        return []
+    return [RetentionAdvanced(ts_ms=now_ms, advances=((s.uid, s.snapshot.offset),))]
 
 
 def snapshot_at(s: Stream, offset: int) -> PublishedSnapshot:
