@@ -379,3 +379,23 @@ def test_erasing_the_bucket_releases_its_snapshots(tmp_path: Path) -> None:
         await h.stop()
 
     asyncio.run(run())
+
+
+def test_retention_past_the_snapshot_refuses_bootstrap_instead_of_a_silent_gap(tmp_path: Path) -> None:
+    async def run() -> None:
+        h = Harness(make_config(tmp_path / "data"))
+        await h.start()
+        await h.create(B, P, b"0123456789")
+        await publish(h, 4, b"S@4")
+        await h.s.streams.retain_from(B, P, 6)  # age/size retention, or an operator, passed the snapshot
+        with pytest.raises(TieredError) as gone:
+            await h.s.snapshots.bootstrap(B, P)
+        assert gone.value.code is ErrorCode.OFFSET_GONE
+        assert gone.value.context["snapshot_offset"].endswith("_0000000000000004")
+        assert gone.value.context["next_offset"].endswith("_0000000000000006")
+        await publish(h, 8, b"S@8")  # a newer snapshot: bootstrap works again
+        b = await h.s.snapshots.bootstrap(B, P)
+        assert (b.body, b.updates) == (b"S@8", b"89")
+        await h.stop()
+
+    asyncio.run(run())

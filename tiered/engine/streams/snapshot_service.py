@@ -28,6 +28,7 @@ from tiered.cold.objects.keys import new_snapshot_key
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.ids import format_offset
 from tiered.core.ports import PrefixOwner
 from tiered.engine.streams import snapshots
 from tiered.engine.streams.model import PublishedSnapshot, Stream
@@ -215,7 +216,15 @@ class SnapshotService:
         v = streams.view(s)
         start = snap.offset if snap is not None else s.retained_from
         if start < s.retained_from:
-            start = s.retained_from  # cannot happen (retention stops at the snapshot); never serve a gap
+            # Age or size retention passed the newest snapshot: the messages between them are gone, and a
+            # bootstrap without them would be wrong in silence. Refused until a newer snapshot is published.
+            raise TieredError(
+                ErrorCode.OFFSET_GONE,
+                "retention passed the stream's newest snapshot: the messages after it are no longer retained "
+                "(a newer snapshot, or retain: snapshot, makes it bootstrap again)",
+                next_offset=format_offset(s.retained_from),
+                snapshot_offset=format_offset(start),
+            )
         end = min(v.tail, start + self.bootstrap_max_bytes)
         updates = await streams.read(s, start, end) if end > start else b""
         if s.json and end < v.tail:
