@@ -23,9 +23,22 @@ def new_object_key(now_ms: int, randomness: bytes | None = None) -> str:
     return DATA_PREFIX + "".join(reversed(chars)) + ".parquet"
 
 
+SNAPSHOT_SUFFIX = ".snapshot"
+
+
+def new_snapshot_key(now_ms: int, randomness: bytes | None = None) -> str:
+    """``data/<ULID>.snapshot``: a stream snapshot's body, under the data prefix (reconciliation sees it)."""
+    return new_object_key(now_ms, randomness).removesuffix(".parquet") + SNAPSHOT_SUFFIX
+
+
+def is_snapshot_key(key: str) -> bool:
+    """A stream snapshot's object (raw bytes), not a Parquet chunk."""
+    return key.endswith(SNAPSHOT_SUFFIX)
+
+
 def key_time_ms(key: str) -> int | None:
-    """The creation time encoded in a key from ``new_object_key``."""
-    name = key.rsplit("/", 1)[-1].removesuffix(".parquet")
+    """The creation time encoded in a key from ``new_object_key`` (or ``new_snapshot_key``)."""
+    name = key.rsplit("/", 1)[-1].removesuffix(".parquet").removesuffix(SNAPSHOT_SUFFIX)
     if len(name) != 26:
         return None
     value = 0

@@ -156,6 +156,7 @@ def install_store(node: Engine, store: Any) -> None:
     node.flusher.store = store
     node.cold_reader.store = store
     node.gc.ctx.store = store
+    node.snapshots.store = store  # stream snapshots' objects
     if node.claim is not None:
         node.claim.store = store
 

@@ -34,6 +34,7 @@ from tiered.api.routes.admin import AdminRoutes
 from tiered.api.routes.auth import AuthRoutes
 from tiered.api.routes.buckets import BucketRoutes
 from tiered.api.routes.groups import GroupRoutes
+from tiered.api.routes.snapshots import SnapshotRoutes
 from tiered.api.routes.streams import StreamRoutes
 from tiered.api.routes.subscriptions import SubscriptionRoutes
 from tiered.api.routes.tenants import TenantRoutes
@@ -82,6 +83,7 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
             sse_max_connection_s=c.sse_max_connection_s,
             locator_valid_ms=c.locator_valid_ms,
             locator_span_bytes=LOCATOR_SPAN_BYTES,
+            snapshots=SnapshotRoutes(engine.snapshots),
         ),
         subscriptions=SubscriptionRoutes(engine.subscriptions),
         buckets=BucketRoutes(engine.streams),
@@ -92,6 +94,7 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
             engine.readiness,
             exposition,
             lambda: engine.journal.failed is None,
+            snapshots=engine.snapshots,
         ),
         auth=AuthRoutes(engine.auth),
         tenants=TenantRoutes(engine.tenants),

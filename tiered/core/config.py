@@ -288,6 +288,13 @@ class Config:
         "with workers: the node's shard count, fixed when the data dir is first served with workers "
         "(at least the number of workers you will run)",
     )
+    # Stream snapshots and bootstrap reads (docs/snapshots.md).
+    stream_snapshot_max_bytes: int = setting(
+        16 * MiB, "largest stream snapshot a writer may publish (at most max_body_bytes); larger gets 413"
+    )
+    bootstrap_max_bytes: int = setting(
+        16 * MiB, "most update bytes one bootstrap read returns after the snapshot; then it is partial"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -320,6 +327,8 @@ class Config:
             "max_waiters",
             "read_chunk_bytes",
             "snapshot_every_bytes",
+            "stream_snapshot_max_bytes",
+            "bootstrap_max_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")

@@ -92,6 +92,12 @@ class ErrorCode(StrEnum):
     TOO_MANY_MEMBERS = "TOO_MANY_MEMBERS"  # context: limit
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"  # context: limit
     STALE_REVISION = "STALE_REVISION"  # context: revision
+    # Stream snapshots (tiered/engine/streams/snapshots.py).
+    SNAPSHOT_NOT_FOUND = "SNAPSHOT_NOT_FOUND"  # 404: no snapshot at that offset (any more)
+    SNAPSHOT_CONFLICT = "SNAPSHOT_CONFLICT"  # 409: another body at that offset (context: snapshot_offset)
+    SNAPSHOT_STALE = "SNAPSHOT_STALE"  # 409: a newer snapshot exists (context: snapshot_offset)
+    SNAPSHOT_PRECONDITION_FAILED = "SNAPSHOT_PRECONDITION_FAILED"  # 412: If-Match names another snapshot
+    SNAPSHOT_NOT_AT_BOUNDARY = "SNAPSHOT_NOT_AT_BOUNDARY"  # 400: the offset splits a message
     # A bug: anything else that escapes a handler (logged with its traceback).
     INTERNAL_ERROR = "INTERNAL_ERROR"
 

@@ -49,6 +49,7 @@ from tiered.engine.snapshot import SNAPSHOTS
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.reader import StreamReader
 from tiered.engine.streams.service import StreamService
+from tiered.engine.streams.snapshot_service import SnapshotService
 from tiered.engine.streams.state import StreamState
 from tiered.engine.streams.visibility import Visibility, VisibilityObserver, Waiters
 from tiered.engine.subscriptions.delivery import SubscriptionDelivery
@@ -360,6 +361,15 @@ class Engine:
             kick_flush=self.flusher.kick,
             gate=self.gate,
             remote_forks=hooks.remote_forks,
+        )
+        # Stream snapshots: objects of their own in the cold store (``tiered/engine/streams/snapshots.py``).
+        self.snapshots = SnapshotService(
+            self.streams,
+            store,
+            clock,
+            max_bytes=c.stream_snapshot_max_bytes,
+            bootstrap_max_bytes=c.bootstrap_max_bytes,
+            claim=self.claim,
         )
         reaper = self.reaper
         self.gc = GcRunner(

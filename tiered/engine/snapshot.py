@@ -56,6 +56,8 @@ class StateSnap(msgspec.Struct, array_like=True):
     bucket_retention: dict[str, tuple[int | None, int | None]]
     # Version 4: (bucket, path, incarnations, fence) of paths whose streams were removed.
     path_history: list[tuple[str, str, int, int]] = msgspec.field(default_factory=list)
+    # Buckets whose retention follows their streams' snapshots (``tiered/engine/streams/snapshots.py``).
+    snapshot_retention: list[str] = msgspec.field(default_factory=list)
 
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=encode_hook)
@@ -84,6 +86,7 @@ def encode_snapshot(state: StreamState, position: LogPosition) -> bytes:
         erased_buckets=state.erased_buckets,
         bucket_retention=state.bucket_retention,
         path_history=[(b, p, h.incarnations, h.fence) for (b, p), h in state.path_history.items()],
+        snapshot_retention=sorted(state.snapshot_retention),
     )
     return frame(SNAPSHOT_VERSION, encode_body(snap))
 
@@ -110,11 +113,14 @@ def decode_snapshot(
             state.children.setdefault(s.fork_source, set()).add(s.uid)
         for ref in s.cold_refs:
             state.cold_objects[ref.key].refs += 1
+        if s.snapshot is not None:  # a stream snapshot's object is owned by its stream too
+            state.cold_objects[s.snapshot.key].refs += 1
     state.copies_in_flight = snap.copies_in_flight
     state.paths = {(b, p): uid for b, p, uid in snap.paths}
     state.erased_buckets = snap.erased_buckets
     state.bucket_retention = snap.bucket_retention
     state.path_history = {(b, p): PathHistory(n, fence) for b, p, n, fence in snap.path_history}
+    state.snapshot_retention = set(snap.snapshot_retention)
     return state, LogPosition(snap.log_segment, snap.log_offset)
 
 

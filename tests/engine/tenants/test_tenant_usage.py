@@ -159,7 +159,10 @@ def test_usage_log_lines_and_rotation(tmp_path: Path) -> None:
         durable = h.s.tenants.state.usage["acme"]
         assert acme["appended_bytes"] == durable.appended_bytes == 10
         assert acme["requests"]["read"] == durable.read_requests == 1
-        assert acme["retained_bytes"] == {"hot": 10, "cold": 0, "producers": 0} and acme["streams"] == 1
+        assert (
+            acme["retained_bytes"] == {"hot": 10, "cold": 0, "producers": 0, "snapshots": 0}
+            and acme["streams"] == 1
+        )
         assert acme["ts_ms"] == h.clock.ms and acme["from_ms"] <= acme["ts_ms"]
         # Size: each interval's lines exceed 300 bytes, so every write after the first rotates.
         await h.s.tenants.record_usage()

@@ -82,6 +82,12 @@ STATUS: dict[ErrorCode, int] = {
     C.SHARD_NOT_OWNED: 503,  # cluster: no valid lease here (yet); the owner or a retry will answer
     C.SHARD_FENCED: 503,  # cluster: a higher epoch took the shard over; retry reaches the new owner
     C.QUOTA_EXCEEDED: 507,
+    # Stream snapshots.
+    C.SNAPSHOT_NOT_FOUND: 404,
+    C.SNAPSHOT_CONFLICT: 409,
+    C.SNAPSHOT_STALE: 409,
+    C.SNAPSHOT_PRECONDITION_FAILED: 412,
+    C.SNAPSHOT_NOT_AT_BOUNDARY: 400,
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -120,6 +126,8 @@ def error_response(exc: TieredError) -> Response:
         headers["WWW-Authenticate"] = ctx.get("challenge", "Bearer")
     elif code is C.METHOD_NOT_ALLOWED and "allow" in ctx:
         headers["Allow"] = ctx["allow"]
+    if "snapshot_offset" in ctx:  # the stream's newest snapshot (a 410 below retention: bootstrap from it)
+        headers["Stream-Snapshot-Offset"] = ctx["snapshot_offset"]
     if status in (429, 503):
         headers["Retry-After"] = str(ctx.get("retry_after_s", RETRY_AFTER_S.get(code, 1)))
     body = {"code": code.value, "message": exc.message}

@@ -6,9 +6,11 @@ Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``; the route 
 * ``PUT /v1/admin/retention/{bucket}[/{stream path}]`` with
   ``{"retention_ms": int|null, "retention_bytes": int|null}``: age and size
   retention for a bucket, or one stream (which then ignores the bucket's);
-  each from 0 to 2^53 - 1, null clears it;
+  each from 0 to 2^53 - 1, null clears it; ``"retain": "snapshot"`` too: retention
+  follows the streams' newest snapshots (docs/snapshots.md), absent or null turns it off;
 * ``POST /v1/admin/retain/{bucket}/{stream path}`` with ``{"offset": "<offset>"}``:
-  advance a stream's earliest retained offset (never backwards);
+  advance a stream's earliest retained offset (never backwards); ``"snapshot"``: to its
+  newest snapshot's offset (404 without one);
 * ``POST /v1/admin/gc[?dry_run=true|false]``: run one GC pass now, return its report;
 * ``GET /v1/admin/gc``: the last report, pending deletions, lifetime counters;
 * ``GET /metrics``: Prometheus text.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
@@ -29,6 +32,7 @@ from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.core.parsing import UInt, decode_body, query_flag
 from tiered.engine.streams.service import StreamService
+from tiered.engine.streams.snapshot_service import SnapshotService
 from tiered.gc.runner import GcRunner
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,7 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus'
 class RetentionBody(msgspec.Struct, forbid_unknown_fields=True):
     retention_ms: UInt | None = None
     retention_bytes: UInt | None = None
+    retain: Literal["snapshot"] | None = None  # retention follows the newest snapshot
 
 
 class RetainBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -54,8 +59,10 @@ class AdminRoutes:
         readiness: Readiness,
         metrics: Callable[[], bytes],
         journal_ok: Callable[[], bool],
+        snapshots: SnapshotService | None = None,
     ) -> None:
         self.streams = streams
+        self.snapshots = snapshots
         self.gc = gc
         self.readiness = readiness
         self.render_metrics = metrics
@@ -73,18 +80,32 @@ class AdminRoutes:
         bucket = validate_bucket(request.params["bucket"])
         body = decode_body(await request.body(), RetentionBody)
         await self.streams.set_retention(bucket, path, body.retention_ms, body.retention_bytes)
+        if self.snapshots is not None:
+            await self.snapshots.set_retention(bucket, path, body.retain == "snapshot")
         log.info(
             "admin: retention of %s set to %s ms, %s bytes",
             f"{bucket}/{path}" if path is not None else f"bucket {bucket}",
             body.retention_ms,
             body.retention_bytes,
         )
-        return json_response({"retention_ms": body.retention_ms, "retention_bytes": body.retention_bytes})
+        answer: dict[str, object] = {
+            "retention_ms": body.retention_ms,
+            "retention_bytes": body.retention_bytes,
+        }
+        if body.retain is not None:
+            answer["retain"] = body.retain
+        return json_response(answer)
 
     async def retain(self, request: Request) -> Response:
         bucket = validate_bucket(request.params["bucket"])
         path = validate_stream_path(decode_path(request.params["path"]))
         body = decode_body(await request.body(), RetainBody)
+        if body.offset == "snapshot" and self.snapshots is not None:
+            s = await self.snapshots.retain_to_snapshot(bucket, path)
+            log.info(
+                "admin: %s/%s retained from its snapshot, %s", bucket, path, format_offset(s.retained_from)
+            )
+            return Response(204, {"Stream-Retained-Offset": format_offset(s.retained_from)})
         offset = parse_offset(body.offset)
         if offset is None:
             raise bad_request(f"malformed offset {body.offset!r}")

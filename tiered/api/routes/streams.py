@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
 from tiered.api.kit.types import Handler, LiveLease, Request, Response
+from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
 from tiered.core.content import is_text_like, json_messages_to_array, valid_media_type
@@ -50,6 +51,7 @@ class StreamRoutes:
         sse_max_connection_s: float,
         locator_valid_ms: int = 0,
         locator_span_bytes: int = 0,
+        snapshots: SnapshotRoutes | None = None,
     ) -> None:
         """``locator_valid_ms`` > 0 (cluster mode): peers may ask for cold locators (``tiered/engine/streams/locators.py``)."""
         self.service = service
@@ -59,6 +61,7 @@ class StreamRoutes:
         self.read_chunk_bytes = read_chunk_bytes
         self.long_poll_timeout_s = long_poll_timeout_s
         self.sse_max_connection_s = sse_max_connection_s
+        self.snapshots = snapshots  # stream snapshots and bootstrap reads (``tiered.api.routes.snapshots``)
         # The route table's handlers (``tiered.api.table``): each checks the headers, then serves.
         self.serve_append = self._checked(self.append)
         self.serve_read = self._checked(self.read)
@@ -92,6 +95,8 @@ class StreamRoutes:
     # ---------------------------------------------------------------- create
 
     async def create(self, request: Request, bucket: str, path: str) -> Response:
+        if self.snapshots is not None and "snapshot" in request.query:  # a snapshot's publish
+            return await self.snapshots.publish(request, bucket, path)
         h = request.headers
         content_type = h.get("Content-Type")
         if content_type is not None and not valid_media_type(content_type):
@@ -183,6 +188,7 @@ class StreamRoutes:
         if v.closed:
             headers["Stream-Closed"] = "true"
         headers["Stream-Retained-Offset"] = format_offset(s.retained_from)
+        snapshot_headers(s, headers)
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read
@@ -191,6 +197,8 @@ class StreamRoutes:
         q = request.query
         live = request.target.live  # an unknown mode was refused (400) when the target was parsed
         offset_raw = q.get("offset")
+        if self.snapshots is not None and wants_snapshot_read(q, offset_raw):  # snapshots, bootstrap
+            return await self.snapshots.read(request, bucket, path)
         if live is not None and offset_raw is None:
             raise bad_request("live reads need an offset")
         service = self.service

@@ -150,6 +150,22 @@ class ColdObject(msgspec.Struct, array_like=True):
     refs: int = 0
 
 
+class PublishedSnapshot(msgspec.Struct, frozen=True, array_like=True):
+    """A stream's newest snapshot: its state at ``offset``, a cold object of its own (``snapshots``).
+
+    ``digest`` (SHA-256 of the body, hex) is what makes a publish idempotent: the
+    same body at the same offset again is the same snapshot.
+    """
+
+    offset: int
+    key: str
+    size: int
+    crc32c: int
+    digest: str
+    content_type: str
+    created_ms: int
+
+
 class PathHistory(NamedTuple):
     """What the streams a path held before tell the next one (kept after they are gone).
 
@@ -195,6 +211,10 @@ class Stream(msgspec.Struct, array_like=True):
     # rebuilt on restore (``tiered.engine.snapshot``).
     producer_bytes: int = 0  # derived: what ``producers`` counts towards the bucket's retained bytes
     touch_journaled_ms: int = 0
+    # Durable, added after the derived fields above (so older snapshots decode without it): the newest
+    # snapshot a writer published (``tiered.engine.streams.snapshots``).
+    snapshot: PublishedSnapshot | None = None
+    retain_snapshot: bool = False  # ``retain: snapshot`` on this stream: retention follows its snapshot
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)

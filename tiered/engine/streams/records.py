@@ -163,6 +163,37 @@ class ColdDeleteFinished(_Record, frozen=True, tag="cold.delete-finish.v1"):
     orphan: bool
 
 
+class SnapshotPublished(_Record, frozen=True, tag="stream.snapshot.v1"):
+    """A stream snapshot's object is uploaded (its intent: a ``ColdCopyStarted`` with no ranges): now the newest.
+
+    Replaces the stream's previous snapshot (its object released to GC). When
+    retention follows it (asked, or ``retain: snapshot``), a ``RetentionAdvanced``
+    to ``offset`` is committed with it, so every observer of retention sees it.
+    """
+
+    uid: int
+    offset: int
+    key: str
+    size: int
+    crc32c: int
+    digest: str
+    content_type: str
+    ts_ms: int
+
+
+class SnapshotRetentionSet(_Record, frozen=True, tag="snapshot.retention.v1"):
+    """``retain: snapshot`` on a bucket (uid None) or one stream: retention follows the newest snapshot.
+
+    Turned on, every stream it covers that has a snapshot is retained from it at once (a
+    ``RetentionAdvanced`` committed with it).
+    """
+
+    bucket: str
+    uid: int | None
+    on: bool
+    ts_ms: int
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -180,4 +211,6 @@ StreamRecord = (
     | RetentionAdvanced
     | ColdDeleteStarted
     | ColdDeleteFinished
+    | SnapshotPublished
+    | SnapshotRetentionSet
 )

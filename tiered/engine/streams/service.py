@@ -380,6 +380,14 @@ class StreamService:
             )
         else:
             message = "data at this offset is no longer retained; Stream-Next-Offset is the earliest"
+        if s.snapshot is not None:  # a reader recovers by bootstrap from the newest snapshot
+            message += "; the stream's snapshot (Stream-Snapshot-Offset) covers it: read ?bootstrap"
+            return TieredError(
+                ErrorCode.OFFSET_GONE,
+                message,
+                next_offset=format_offset(s.retained_from),
+                snapshot_offset=format_offset(s.snapshot.offset),
+            )
         return TieredError(ErrorCode.OFFSET_GONE, message, next_offset=format_offset(s.retained_from))
 
     def view(self, s: Stream) -> VisibleView:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, cast
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release
+from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release, snapshots
 from tiered.engine.streams.model import (
     AppendRequest,
     ColdObject,
@@ -49,6 +49,8 @@ from tiered.engine.streams.records import (
     ProducersExpired,
     RetentionAdvanced,
     RetentionPolicySet,
+    SnapshotPublished,
+    SnapshotRetentionSet,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
@@ -96,6 +98,7 @@ class StreamState:
         self.children: dict[int, set[int]] = {}  # uid -> uids of live forks of it
         self.erased_buckets: dict[str, int] = {}  # fenced forever: name -> erased at
         self.bucket_retention: dict[str, tuple[int | None, int | None]] = {}  # name -> (ms, bytes)
+        self.snapshot_retention: set[str] = set()  # buckets with ``retain: snapshot`` (``snapshots``)
         # Derived, not journal state: uids that may hold hot chunks (built on first use, so a
         # state decoded from a snapshot builds it once); see hot_resident().
         self._hot_index: set[int] | None = None
@@ -227,4 +230,6 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     ColdDeleteFinished: lambda st, r, _: cold_refs.apply_delete_finished(st, r),
     RetentionAdvanced: lambda st, r, _: release.apply_retention_advanced(st, r),
     RetentionPolicySet: lambda st, r, _: release.apply_policy_set(st, r),
+    SnapshotPublished: lambda st, r, _: snapshots.apply_published(st, r),
+    SnapshotRetentionSet: lambda st, r, _: snapshots.apply_retention_set(st, r),
 }

@@ -66,6 +66,7 @@ def bucket_metric_families(
             s.hot_bytes += fp.hot_bytes
             s.cold_bytes += fp.cold_bytes
             s.producer_bytes += fp.producer_bytes
+            s.snapshot_bytes += fp.snapshot_bytes
         live[lb] = live.get(lb, 0) + gate.live.get(b, 0)
     refusals: dict[tuple[str, str], int] = {}
     for (b, quota), n in gate.refusals.items():
@@ -113,6 +114,7 @@ def bucket_metric_families(
         retained.add_metric([b, "hot"], space[b].hot_bytes)
         retained.add_metric([b, "cold"], space[b].cold_bytes)
         retained.add_metric([b, "producers"], space[b].producer_bytes)
+        retained.add_metric([b, "snapshots"], space[b].snapshot_bytes)
         streams_gauge.add_metric([b], space[b].streams)
     live_readers = GaugeMetricFamily(
         "tiered_bucket_live_readers", "Long-poll and SSE readers of the bucket", labels=["bucket"]

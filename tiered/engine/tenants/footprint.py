@@ -28,13 +28,15 @@ from tiered.engine.streams.records import (
     BucketErased,
     ProducersExpired,
     RetentionAdvanced,
+    SnapshotPublished,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
 )
+from tiered.engine.streams.snapshots import snapshot_bytes
 from tiered.engine.streams.state import StreamState
 
-_RELEASING = (StreamDeleted, StreamExpired, BucketErased, RetentionAdvanced)
+_RELEASING = (StreamDeleted, StreamExpired, BucketErased, RetentionAdvanced, SnapshotPublished)
 
 
 def retained_bytes(s: Stream) -> tuple[int, int]:
@@ -53,10 +55,11 @@ class Footprint:
     hot_bytes: int = 0
     cold_bytes: int = 0
     producer_bytes: int = 0  # idempotent producers' state
+    snapshot_bytes: int = 0  # stream snapshots' bodies (``tiered/engine/streams/snapshots.py``)
 
     @property
     def retained_bytes(self) -> int:
-        return self.hot_bytes + self.cold_bytes + self.producer_bytes
+        return self.hot_bytes + self.cold_bytes + self.producer_bytes + self.snapshot_bytes
 
 
 def footprints(state: StreamState) -> dict[str, Footprint]:
@@ -72,6 +75,7 @@ def footprints(state: StreamState) -> dict[str, Footprint]:
         fp.hot_bytes += hot
         fp.cold_bytes += cold
         fp.producer_bytes += s.producer_bytes
+        fp.snapshot_bytes += snapshot_bytes(s)
     return out
 
 

@@ -36,7 +36,12 @@ def usage_view(bucket: str, usage: BucketUsage, fp: Footprint | None, erased: bo
         "bucket": bucket,
         "erased": erased,
         **usage.as_json(),
-        "retained_bytes": {"hot": fp.hot_bytes, "cold": fp.cold_bytes, "producers": fp.producer_bytes},
+        "retained_bytes": {
+            "hot": fp.hot_bytes,
+            "cold": fp.cold_bytes,
+            "producers": fp.producer_bytes,
+            "snapshots": fp.snapshot_bytes,
+        },
         "streams": fp.streams,
     }
 

@@ -29,6 +29,9 @@ ALLOWED_HEADERS = ", ".join(
         "Producer-Epoch",
         "Producer-Seq",
         "X-Request-Id",
+        # Stream snapshots (tiered/api/routes/snapshots.py).
+        "If-Match",
+        "Stream-Snapshot-Retain",
     ]
 )
 _PREFLIGHT = {

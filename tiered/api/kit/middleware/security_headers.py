@@ -24,6 +24,9 @@ EXPOSED_HEADERS = ", ".join(
         "Retry-After",
         "X-Request-Id",
         "WWW-Authenticate",
+        # Stream snapshots (tiered/api/routes/snapshots.py).
+        "Stream-Snapshot-Offset",
+        "Stream-Snapshot-ETag",
     ]
 )
 SECURITY_HEADERS = {
