@@ -278,6 +278,17 @@ class Config:
         "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
     )
 
+    # Erasure that reaches every byte, and cold-object rewrites (issue 21: tiered/engine/jobs/rewrite.py).
+    erasure_deadline_s: float = setting(
+        86400.0,
+        "an erased bucket's rows are gone from every cold object (shared ones rewritten without them, the old "
+        "ones deleted) within this long of the erasure; GET /v1/admin/erasure reports, tiered verify checks",
+        ALL,
+    )
+    rewrite_max_objects_per_pass: int = setting(
+        16, "bound on cold objects rewritten per GC pass (erasure rewrites)", OFFLINE_GC
+    )
+
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
@@ -391,6 +402,13 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+        if self.rewrite_max_objects_per_pass <= 0 or self.erasure_deadline_s <= 0:
+            raise ConfigError("rewrite_max_objects_per_pass and erasure_deadline_s must be positive")
+        if self.gc_grace_s >= self.erasure_deadline_s:
+            raise ConfigError(
+                "gc_grace_s must be below erasure_deadline_s: an erased bucket's old objects wait out the "
+                "grace delay before they are deleted"
+            )
 
     @property
     def data_path(self) -> Path:

@@ -374,6 +374,8 @@ class Engine:
                 claim=self.claim,
                 hot=self.flusher,
                 segments_deleted=lambda: reaper.deleted_last,
+                rewrite_max_objects=c.rewrite_max_objects_per_pass,
+                erasure_deadline_ms=int(c.erasure_deadline_s * 1000),
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,

@@ -1,0 +1,149 @@
+"""Rewriting one cold object without the rows nobody reads, through a journaled lifecycle.
+
+The machinery erasure uses (``tiered.gc.erasure``) and any later rewrite
+(compaction) can: given an object, keep the rows some stream range still
+reads (``rewrite_plan``), optionally filtered further, and swap the ranges to
+the new object. The steps, each safe to crash after:
+
+1. the old object is read whole and checked against the size and CRC32C the
+   metadata recorded (then every Parquet page checksum as it decodes): a
+   damaged object is an integrity error and is never rewritten;
+2. ``ColdCopyStarted(new_key, ())`` is journaled (intent: a crash from here on
+   leaves a known key; a restart journals it aborted and reconciliation
+   deletes the upload, if any, after the grace delay);
+3. the new object is uploaded create-if-absent (upload before commit);
+4. ``ColdRewriteCommitted(old_key, new_key, ranges)`` is journaled (commit
+   before release): the ranges that still read from the old object move to
+   the new one; the old object loses those owners;
+5. the old object, once nobody owns it, is deleted by the GC's
+   ``cold_objects`` task after the grace delay (journal before delete), so a
+   read planned against it before the swap still finds it.
+
+Until step 4 the old object serves every read; after it the new one does and
+the old one still exists: no byte acknowledged is lost, none is served twice
+(one range reads from one object). The pass is bounded by its caller, and
+idempotent: an object whose rows are all read is never a candidate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tiered.cold.objects.keys import new_object_key
+from tiered.cold.objects.store import ObjectStore
+from tiered.cold.parquet.chunk import ColdDataDamaged, ColdRecord, encode_chunk, iter_records
+from tiered.core.clock import Clock
+from tiered.core.ports import Committer
+from tiered.engine.jobs.rewrite_plan import KeptRange, RewriteMismatch, plan_rewrite, select_rows
+from tiered.engine.streams.records import (
+    ColdCopyAborted,
+    ColdCopyStarted,
+    ColdRewriteCommitted,
+    CopyRange,
+)
+from tiered.engine.streams.state import StreamState
+from tiered.hot.segment import crc32c
+
+log = logging.getLogger(__name__)
+
+ROW_GROUP_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """One rewrite done: the old object's ranges read from ``new_key`` (``bytes_*``: object sizes)."""
+
+    old_key: str
+    new_key: str
+    bytes_before: int
+    bytes_after: int
+    ranges: int
+
+
+class ObjectRewriter:
+    """Rewrites cold objects one at a time (``rewrite``); the caller bounds how many per pass."""
+
+    def __init__(self, state: StreamState, committer: Committer, store: ObjectStore, clock: Clock) -> None:
+        self.state = state
+        self.committer = committer
+        self.store = store
+        self.clock = clock
+        self.objects_rewritten = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    async def rewrite(
+        self, key: str, predicate: Callable[[ColdRecord], bool] | None = None
+    ) -> Rewritten | None:
+        """Rewrite ``key`` keeping the rows still read (and passing ``predicate``); None: nothing to do.
+
+        Raises ``ColdDataDamaged`` (the object is not what was written),
+        ``RewriteMismatch`` (its rows do not tile a range it serves) or an
+        ``ObjectStoreError``; each leaves the old object serving as before.
+        """
+        plan = plan_rewrite(self.state, key)
+        if plan is None:
+            return None
+        obj = self.state.cold_objects[key]
+        data = await self.store.get(key)
+        self.bytes_read += len(data)
+        if len(data) != obj.size or crc32c(data) != obj.crc32c:
+            raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
+        rows = await asyncio.to_thread(_rows_to_keep, key, data, plan.keep, predicate)
+        now = self.clock.now_ms()
+        new_key = new_object_key(now)
+        await self.committer.commit([ColdCopyStarted(key=new_key, ts_ms=now, ranges=())])
+        try:
+            new_data, index = await asyncio.to_thread(encode_chunk, rows, row_group_bytes=ROW_GROUP_BYTES)
+            await self.store.put(new_key, new_data)
+        except BaseException as exc:
+            reason = f"rewrite upload failed: {exc!r}"[:500]
+            try:
+                await self.committer.commit(
+                    [ColdCopyAborted(key=new_key, ts_ms=self.clock.now_ms(), reason=reason)]
+                )
+            except Exception:
+                log.exception("could not journal the abort of %s", new_key)
+            raise
+        ranges = tuple(CopyRange(k.uid, k.start, k.end) for k in plan.keep)
+        await self.committer.commit(
+            [
+                ColdRewriteCommitted(
+                    old_key=key,
+                    new_key=new_key,
+                    ts_ms=self.clock.now_ms(),
+                    size=len(new_data),
+                    crc32c=crc32c(new_data),
+                    index=index,
+                    ranges=ranges,
+                )
+            ]
+        )
+        self.objects_rewritten += 1
+        self.bytes_written += len(new_data)
+        log.info(
+            "cold object %s rewritten as %s (%d -> %d bytes, %d stream ranges)",
+            key,
+            new_key,
+            len(data),
+            len(new_data),
+            len(ranges),
+        )
+        return Rewritten(key, new_key, len(data), len(new_data), len(ranges))
+
+
+def _rows_to_keep(
+    key: str, data: bytes, keep: tuple[KeptRange, ...], predicate: Callable[[ColdRecord], bool] | None
+) -> list[ColdRecord]:
+    """Decode (page checksums checked) and select; any decode failure is damage, never rewritten."""
+    try:
+        records = list(iter_records(data))
+    except Exception as exc:
+        raise ColdDataDamaged(key, f"does not decode ({type(exc).__name__}: {exc})") from None
+    rows = select_rows(records, keep, predicate)
+    if not rows:
+        raise RewriteMismatch(f"{key}: no row left to keep")
+    return rows
