@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,6 +39,7 @@ from tests.support.gc_support import (
     make_config,
     object_files,
 )
+from tests.support.s3_backends import backend_for
 from tiered.cli.verify import verify_cold, verify_erasure
 from tiered.core.config import Config
 from tiered.engine.jobs.rewrite_plan import AWAITING_DELETE, INHERITED, PENDING, erasure_report
@@ -98,6 +100,22 @@ def assert_no_alpha_byte(data_dir: Path) -> None:
         assert b"alpha" not in raw and b"ALPHA-SECRET" not in raw, key
 
 
+async def stored_objects(h: Harness) -> dict[str, bytes]:
+    """Every object under the data prefix, as the store (local or S3) holds it."""
+    store = h.s.store
+    assert store is not None
+    return {info.key: await store.get(info.key) async for info in store.list("data/")}
+
+
+async def assert_no_alpha_byte_stored(h: Harness) -> None:
+    """The same as ``assert_no_alpha_byte``, through the store: no row, payload or statistic of alpha."""
+    for key, raw in (await stored_objects(h)).items():
+        table = pq.read_table(pa.BufferReader(raw))
+        assert "alpha" not in set(table.column("bucket").to_pylist()), key
+        assert not any(b"ALPHA-SECRET" in p for p in table.column("payload").to_pylist()), key
+        assert b"alpha" not in raw and b"ALPHA-SECRET" not in raw, key
+
+
 async def _converge(h: Harness, now: int) -> None:
     """GC passes until nothing is left to do: rewrite, delete past the grace, reconcile."""
     for at in (now, now + GRACE_MS, now + 2 * GRACE_MS, now + 3 * GRACE_MS):
@@ -105,9 +123,9 @@ async def _converge(h: Harness, now: int) -> None:
         assert report.errors == [] and report.integrity_errors == [], report
 
 
-def _no_leak(h: Harness, config: Config) -> None:
+async def _no_leak(h: Harness) -> None:
     state = h.s.state
-    assert object_files(config.data_path) == set(state.cold_objects)
+    assert set(await stored_objects(h)) == set(state.cold_objects)
     assert all(obj.refs > 0 for obj in state.cold_objects.values())
     assert state.copies_in_flight == {}
 
@@ -308,9 +326,25 @@ class StepStore(ControlledStore):
 CRASH_POINTS = ["intent-journaled", "uploaded", "committed", "delete-journaled", "deleted"]
 
 
+@pytest.fixture(params=["local", "moto"])
+def store_config(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Config]:
+    """The node's config on the local store, or on moto's S3 server (real HTTP) under a fresh prefix."""
+    if request.param == "local":
+        yield _config(tmp_path)
+        return
+    with backend_for(request.param, request, monkeypatch) as backend:
+        yield make_config(
+            tmp_path / "data", gc_grace_s=GRACE_S, erasure_deadline_s=DEADLINE_S, **backend.config()
+        )
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(tmp_path: Path, point: str) -> None:
-    config = _config(tmp_path)
+def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(
+    store_config: Config, point: str
+) -> None:
+    config = store_config
     clock = VirtualClock()
     h = Harness(config, StepStore, clock=clock)
 
@@ -354,10 +388,10 @@ def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(tmp_path:
         clock.advance(1)
         await _converge(h, clock.ms)
         await _beta_reads(h)
-        _no_leak(h, config)
+        await _no_leak(h)
         [new] = h.s.state.cold_objects
         assert new != old
-        assert_no_alpha_byte(config.data_path)
+        await assert_no_alpha_byte_stored(h)
         await _verified(h, erased_at + DEADLINE_MS + 1)
         await h.restart(crash=True)
         await _beta_reads(h)
@@ -373,9 +407,9 @@ def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(tmp_path:
 
 
 @pytest.mark.parametrize("release", ["retention", "erase-beta", "delete-stream"])
-def test_a_release_racing_the_rewrite_wins_and_both_objects_go(tmp_path: Path, release: str) -> None:
+def test_a_release_racing_the_rewrite_wins_and_both_objects_go(store_config: Config, release: str) -> None:
     """The release lands between the upload and the commit (Redpanda's orphaned segments, AutoMQ's race)."""
-    config = _config(tmp_path)
+    config = store_config
     clock = VirtualClock()
     h = Harness(config, StepStore, clock=clock)
 
@@ -407,12 +441,12 @@ def test_a_release_racing_the_rewrite_wins_and_both_objects_go(tmp_path: Path, r
         if survivors:
             assert await h.read("beta", "c") == b"".join(C_DATA)
         await _converge(h, clock.ms + 1)
-        _no_leak(h, config)
+        await _no_leak(h)
         assert len(h.s.state.cold_objects) == survivors
-        assert_no_alpha_byte(config.data_path)
+        await assert_no_alpha_byte_stored(h)
         for crash in (True, False):
             await h.restart(crash=crash)
-            _no_leak(h, config)
+            await _no_leak(h)
             if survivors:
                 assert await h.read("beta", "c") == b"".join(C_DATA)
         await h.stop()
