@@ -33,6 +33,7 @@ class GcContext:
     # Erasure (``tiered.gc.erasure``): objects rewritten per pass; the deadline the report measures against.
     rewrite_max_objects: int = 16
     erasure_deadline_ms: int = 86_400_000
+    rewrite_bytes_per_s: int = 0  # pace of rewrites, read plus written (0: unpaced)
 
 
 @dataclass

@@ -6,7 +6,8 @@ rewrites each such object (``tiered.engine.jobs.rewrite``: upload before
 commit, commit before release) with only the rows still read; the old object,
 now owned by nobody, is deleted by the next task (``cold_objects``) once the
 grace delay has passed, through its journaled delete. Earliest erasure first,
-at most ``rewrite_max_objects`` objects per pass; a failure is reported and
+at most ``rewrite_max_objects`` objects per pass, paced to ``rewrite_bytes_per_s``
+(so appends keep their share of the machine); a failure is reported and
 the next pass tries again. ``GET /v1/admin/erasure`` reports what still holds
 an erased bucket's bytes, and ``tiered verify`` fails past the deadline
 (``erasure_deadline_s``, which the grace delay must stay below).
@@ -14,6 +15,7 @@ an erased bucket's bytes, and ``tiered verify`` fails past the deadline
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tiered.cold.objects.store import ObjectStoreError
@@ -46,6 +48,7 @@ class RewriteErasedObjects:
         if not await prefix_held(ctx, report):
             return
         rewriter = ObjectRewriter(ctx.state, ctx.committer, ctx.store, ctx.clock)
+        started = ctx.clock.monotonic()
         for key in due:
             try:
                 done = await rewriter.rewrite(key)
@@ -59,3 +62,11 @@ class RewriteErasedObjects:
                 continue
             if done is not None:
                 report.objects_rewritten += 1
+                await _pace(ctx, done.bytes_before + done.bytes_after, started)
+            started = ctx.clock.monotonic()
+
+
+async def _pace(ctx: GcContext, moved: int, started: float) -> None:
+    """Hold the rewrite to ``rewrite_bytes_per_s`` (read plus written), so appends keep their share."""
+    if ctx.rewrite_bytes_per_s > 0:
+        await asyncio.sleep(max(0.0, moved / ctx.rewrite_bytes_per_s - (ctx.clock.monotonic() - started)))

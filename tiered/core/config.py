@@ -288,6 +288,12 @@ class Config:
     rewrite_max_objects_per_pass: int = setting(
         16, "bound on cold objects rewritten per GC pass (erasure rewrites)", OFFLINE_GC
     )
+    rewrite_bytes_per_s: int = setting(
+        16_000_000,
+        "pace of cold-object rewrites, bytes read plus written per second (0: unpaced), so appends keep "
+        "their share of the machine",
+        OFFLINE_GC,
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -402,8 +408,14 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+        self._validate_rewrites()
+
+    def _validate_rewrites(self) -> None:
+        """Erasure and cold-object rewrites (issue 21)."""
         if self.rewrite_max_objects_per_pass <= 0 or self.erasure_deadline_s <= 0:
             raise ConfigError("rewrite_max_objects_per_pass and erasure_deadline_s must be positive")
+        if self.rewrite_bytes_per_s < 0:
+            raise ConfigError("rewrite_bytes_per_s must not be negative (0: unpaced)")
         if self.gc_grace_s >= self.erasure_deadline_s:
             raise ConfigError(
                 "gc_grace_s must be below erasure_deadline_s: an erased bucket's old objects wait out the "

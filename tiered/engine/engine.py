@@ -376,6 +376,7 @@ class Engine:
                 segments_deleted=lambda: reaper.deleted_last,
                 rewrite_max_objects=c.rewrite_max_objects_per_pass,
                 erasure_deadline_ms=int(c.erasure_deadline_s * 1000),
+                rewrite_bytes_per_s=c.rewrite_bytes_per_s,
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from tiered.cold.objects.keys import new_object_key
 from tiered.cold.objects.store import ObjectStore
-from tiered.cold.parquet.chunk import ColdDataDamaged, ColdRecord, encode_chunk, iter_records
+from tiered.cold.parquet.chunk import ChunkIndex, ColdDataDamaged, ColdRecord, encode_chunk, iter_records
 from tiered.core.clock import Clock
 from tiered.core.ports import Committer
 from tiered.engine.jobs.rewrite_plan import KeptRange, RewriteMismatch, plan_rewrite, select_rows
@@ -90,14 +90,12 @@ class ObjectRewriter:
         obj = self.state.cold_objects[key]
         data = await self.store.get(key)
         self.bytes_read += len(data)
-        if len(data) != obj.size or crc32c(data) != obj.crc32c:
-            raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
-        rows = await asyncio.to_thread(_rows_to_keep, key, data, plan.keep, predicate)
+        rows = await asyncio.to_thread(_rows_to_keep, key, data, (obj.size, obj.crc32c), plan.keep, predicate)
         now = self.clock.now_ms()
         new_key = new_object_key(now)
         await self.committer.commit([ColdCopyStarted(key=new_key, ts_ms=now, ranges=())])
         try:
-            new_data, index = await asyncio.to_thread(encode_chunk, rows, row_group_bytes=ROW_GROUP_BYTES)
+            new_data, index, new_crc = await asyncio.to_thread(_encode, rows)
             await self.store.put(new_key, new_data)
         except BaseException as exc:
             reason = f"rewrite upload failed: {exc!r}"[:500]
@@ -116,7 +114,7 @@ class ObjectRewriter:
                     new_key=new_key,
                     ts_ms=self.clock.now_ms(),
                     size=len(new_data),
-                    crc32c=crc32c(new_data),
+                    crc32c=new_crc,
                     index=index,
                     ranges=ranges,
                 )
@@ -135,10 +133,24 @@ class ObjectRewriter:
         return Rewritten(key, new_key, len(data), len(new_data), len(ranges))
 
 
+def _encode(rows: list[ColdRecord]) -> tuple[bytes, ChunkIndex, int]:
+    """The new object, its index and its CRC32C (worker thread: nothing of it on the event loop)."""
+    data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES)
+    return data, index, crc32c(data)
+
+
 def _rows_to_keep(
-    key: str, data: bytes, keep: tuple[KeptRange, ...], predicate: Callable[[ColdRecord], bool] | None
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
 ) -> list[ColdRecord]:
-    """Decode (page checksums checked) and select; any decode failure is damage, never rewritten."""
+    """Check the whole object's size and CRC32C, decode (page checksums checked) and select (worker
+    thread). Any mismatch or decode failure is damage: never rewritten."""
+    size, crc = recorded
+    if len(data) != size or crc32c(data) != crc:
+        raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
     try:
         records = list(iter_records(data))
     except Exception as exc:
