@@ -550,3 +550,33 @@ def _swallow(http: Callable[..., Any], *args: Any) -> None:
         http(*args)
     except Exception:
         pass  # the server was killed under it
+
+
+def test_a_damaged_object_is_never_rewritten_and_is_reported(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    clock = VirtualClock()
+    h = Harness(config, clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        old = await _shared_object(h)
+        path = config.data_path / "cold" / old
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 3] ^= 0x40  # one flipped bit in the middle of the rows
+        path.write_bytes(bytes(raw))
+        await h.s.streams.erase_bucket("alpha")
+        for at in (clock.ms, clock.ms + GRACE_MS):
+            report = await h.gc(at)
+            assert report.objects_rewritten == 0 and report.errors == []
+            [problem] = report.integrity_errors
+            assert f"erasure cannot rewrite {old}" in problem and "CRC32C" in problem
+        assert object_files(config.data_path) == {old} and set(h.s.state.cold_objects) == {old}
+        assert h.s.state.copies_in_flight == {}
+        [held] = erasure_report(h.s.state, clock.ms, DEADLINE_MS, GRACE_MS).buckets[0].objects
+        assert held.status == PENDING  # still reported: the operator must act
+        await h.stop()
+
+    asyncio.run(body())
+    assert not [
+        r for r in journal_records(config.data_path) if isinstance(r, ColdCopyStarted) and r.ranges == ()
+    ]

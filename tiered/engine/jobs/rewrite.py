@@ -7,7 +7,9 @@ the new object. The steps, each safe to crash after:
 
 1. the old object is read whole and checked against the size and CRC32C the
    metadata recorded (then every Parquet page checksum as it decodes): a
-   damaged object is an integrity error and is never rewritten;
+   damaged object is an integrity error and is never rewritten; decoding and
+   encoding the new object run in a worker process, off the event loop and
+   its GIL;
 2. ``ColdCopyStarted(new_key, ())`` is journaled (intent: a crash from here on
    leaves a known key; a restart journals it aborted and reconciliation
    deletes the upload, if any, after the grace delay);
@@ -29,8 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
 from tiered.cold.objects.keys import new_object_key
 from tiered.cold.objects.store import ObjectStore
@@ -90,12 +96,11 @@ class ObjectRewriter:
         obj = self.state.cold_objects[key]
         data = await self.store.get(key)
         self.bytes_read += len(data)
-        rows = await asyncio.to_thread(_rows_to_keep, key, data, (obj.size, obj.crc32c), plan.keep, predicate)
+        new_data, index, new_crc = await _in_worker(key, data, (obj.size, obj.crc32c), plan.keep, predicate)
         now = self.clock.now_ms()
         new_key = new_object_key(now)
         await self.committer.commit([ColdCopyStarted(key=new_key, ts_ms=now, ranges=())])
         try:
-            new_data, index, new_crc = await asyncio.to_thread(_encode, rows)
             await self.store.put(new_key, new_data)
         except BaseException as exc:
             reason = f"rewrite upload failed: {exc!r}"[:500]
@@ -133,10 +138,64 @@ class ObjectRewriter:
         return Rewritten(key, new_key, len(data), len(new_data), len(ranges))
 
 
-def _encode(rows: list[ColdRecord]) -> tuple[bytes, ChunkIndex, int]:
-    """The new object, its index and its CRC32C (worker thread: nothing of it on the event loop)."""
-    data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES)
-    return data, index, crc32c(data)
+Encoded = tuple[bytes, ChunkIndex, int]
+
+# One worker process does the rewrites' decoding and encoding: in a thread they held the GIL in
+# slices long enough to stall the event loop (appends fell to a fifth while a rewrite ran,
+# docs/benchmarks.md). Started on first use ("spawn": the server's threads are not forked), and
+# again after it died.
+_pool: ProcessPoolExecutor | None = None
+
+
+def _worker_pool() -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    return _pool
+
+
+async def _in_worker(
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
+) -> Encoded:
+    """``rewrite_bytes`` in the worker process; its refusals raised here as the errors they are."""
+    global _pool
+    loop = asyncio.get_running_loop()
+    try:
+        outcome, value = await loop.run_in_executor(
+            _worker_pool(), rewrite_bytes, key, data, recorded, keep, predicate
+        )
+    except BrokenProcessPool:
+        _pool = None  # the worker died (killed, out of memory): the next rewrite starts a new one
+        raise
+    if outcome == "damaged":
+        raise ColdDataDamaged(key, value)
+    if outcome == "mismatch":
+        raise RewriteMismatch(value)
+    encoded: Encoded = value
+    return encoded
+
+
+def rewrite_bytes(
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
+) -> tuple[str, Any]:
+    """The old object's bytes to the new object's (worker process): ("ok", (bytes, index, crc32c)), or
+    ("damaged" | "mismatch", why): refusals cross the process boundary as values."""
+    try:
+        rows = _rows_to_keep(key, data, recorded, keep, predicate)
+    except ColdDataDamaged as exc:
+        return "damaged", exc.detail
+    except RewriteMismatch as exc:
+        return "mismatch", str(exc)
+    new_data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES)
+    return "ok", (new_data, index, crc32c(new_data))
 
 
 def _rows_to_keep(
@@ -146,8 +205,8 @@ def _rows_to_keep(
     keep: tuple[KeptRange, ...],
     predicate: Callable[[ColdRecord], bool] | None,
 ) -> list[ColdRecord]:
-    """Check the whole object's size and CRC32C, decode (page checksums checked) and select (worker
-    thread). Any mismatch or decode failure is damage: never rewritten."""
+    """Check the whole object's size and CRC32C, decode (page checksums checked) and select. Any
+    mismatch or decode failure is damage: never rewritten."""
     size, crc = recorded
     if len(data) != size or crc32c(data) != crc:
         raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
