@@ -580,3 +580,38 @@ def test_a_damaged_object_is_never_rewritten_and_is_reported(tmp_path: Path) -> 
     assert not [
         r for r in journal_records(config.data_path) if isinstance(r, ColdCopyStarted) and r.ranges == ()
     ]
+
+
+@pytest.mark.parametrize("mode", ["error", "hang"])
+def test_a_failing_upload_is_reported_aborted_and_retried(tmp_path: Path, mode: str) -> None:
+    config = _config(tmp_path)
+    clock = VirtualClock()
+    h = Harness(config, ControlledStore, clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        old = await _shared_object(h)
+        await h.s.streams.erase_bucket("alpha")
+        store = h.s.gc.ctx.store
+        assert isinstance(store, ControlledStore)
+        store.hang_s = 0.05
+        store.fail_put = mode
+        report = await h.gc(clock.ms)
+        assert report.objects_rewritten == 0 and report.integrity_errors == []
+        [error] = report.errors
+        assert f"erasure rewrite of {old} failed" in error
+        assert set(h.s.state.cold_objects) == {old} and h.s.state.copies_in_flight == {}
+        await _beta_reads(h)
+        store.fail_put = "ok"
+        report = await h.gc(clock.ms + 1)
+        assert report.objects_rewritten == 1 and report.errors == []
+        await _converge(h, clock.ms + 2)
+        await _no_leak(h)
+        await assert_no_alpha_byte_stored(h)
+        await _beta_reads(h)
+        await h.stop()
+
+    asyncio.run(body())
+    records = journal_records(config.data_path)
+    [aborted] = [r for r in records if isinstance(r, ColdCopyAborted)]
+    assert "rewrite upload failed" in aborted.reason
