@@ -9,7 +9,7 @@ store, the system clock; the flusher and GC driven by hand):
     ``--objects`` (8) cold objects of about ``--object-mib`` (8 MiB) each, every
     one shared half and half by a stream of bucket ``keep`` and one of bucket
     ``gone`` (64 KiB appends, incompressible bytes). ``gone`` is erased and one
-    GC pass rewrites every object without its rows (read whole and checksummed,
+    GC pass (paced to ``--rewrite-bytes-per-s``; 0, the default here: unpaced) rewrites every object without its rows (read whole and checksummed,
     decoded, re-encoded, uploaded, journaled). Reported: the pass's time, MB/s
     of old objects read and of new objects written, and the stored bytes
     before the erasure and after the old objects' deletion.
@@ -18,8 +18,9 @@ store, the system clock; the flusher and GC driven by hand):
     writers of ``--append-bytes`` (1 KiB) appends to ``keep`` streams (each
     acknowledged after fsync), first while the store is idle, then while a GC
     pass rewrites another ``--objects`` objects. Each window lasts as long as
-    that rewrite pass (the idle one the same length, measured before), bounded
-    by ``--max-appends``. Reported: appends/s and the ratio.
+    that rewrite pass (the idle one the same length, measured right after),
+    bounded by ``--max-appends``; ``--repeat`` (3) rounds. Reported: median
+    appends/s of each, the median of the rounds' ratios, and every ratio.
 
 Keyed compaction (newest message per key) is not built yet, so the issue's
 "1,000-key stream after 1M updates" storage figure is not measured here.
@@ -33,6 +34,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tiered.core.clock import SystemClock  # noqa: E402
 from tiered.core.config import Config  # noqa: E402
 from tiered.engine.engine import Engine  # noqa: E402
+from tiered.engine.jobs import rewrite  # noqa: E402
 from tiered.engine.streams.model import AppendRequest, CreateRequest  # noqa: E402
 
 OCTET = "application/octet-stream"
@@ -164,9 +167,14 @@ async def bench_store(store: str, moto: Moto | None, args: argparse.Namespace) -
         node = Engine(make_config(Path(tmp) / "data", store, moto, args, 0), clock)
         await node.start(jobs=False)
         try:
-            for b in ("keep", "gone", "gone2"):
+            for b in ("keep", "gone"):
                 await node.streams.create_bucket(b)
             object_bytes = args.object_mib << 20
+            # The worker process starts (and imports pyarrow) on first use: not part of the timing.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                rewrite._worker_pool(), rewrite.rewrite_bytes, "warm", b"", (0, 0), (), None
+            )
             await shared_objects(node, "r", "gone", args.objects, object_bytes)
             before = stored_bytes(node)
             await node.streams.erase_bucket("gone")
@@ -184,29 +192,37 @@ async def bench_store(store: str, moto: Moto | None, args: argparse.Namespace) -
                 stored_before=before,
                 stored_after=stored_bytes(node),
             )
-            # Appends, idle then while a rewrite pass runs (the same window length).
-            await shared_objects(node, "a", "gone2", args.objects, object_bytes)
+            # Appends while a rewrite pass runs, then idle for the same length; --repeat rounds, medians.
             for w in range(args.appenders):
                 await node.streams.create(
                     "keep", f"w{w}", CreateRequest(OCTET, None, None, None, False, b"", None)
                 )
             await timed_appends(node, args, seconds=1.0)  # warm-up
-            await node.streams.erase_bucket("gone2")
-            stop = asyncio.Event()
-            count = [0]
-            t0 = time.perf_counter()
-            appends = asyncio.create_task(append_loop(node, stop, args, count))
-            report = await node.gc.run_pass(now_ms=clock.now_ms())
-            stop.set()
-            await appends
-            busy_s = time.perf_counter() - t0
-            assert report.objects_rewritten == args.objects, report
-            idle = await timed_appends(node, args, seconds=busy_s)
+            windows, busy_rates, idle_rates = [], [], []
+            for rep in range(args.repeat):
+                gone = f"gone-a{rep}"
+                await node.streams.create_bucket(gone)
+                await shared_objects(node, f"a{rep}-", gone, args.objects, object_bytes)
+                await node.streams.erase_bucket(gone)
+                stop = asyncio.Event()
+                count = [0]
+                t0 = time.perf_counter()
+                appends = asyncio.create_task(append_loop(node, stop, args, count))
+                report = await node.gc.run_pass(now_ms=clock.now_ms())
+                stop.set()
+                await appends
+                busy_s = time.perf_counter() - t0
+                assert report.objects_rewritten == args.objects, report
+                windows.append(busy_s)
+                busy_rates.append(count[0] / busy_s)
+                idle_rates.append(await timed_appends(node, args, seconds=busy_s))
+            ratios = [b / i for b, i in zip(busy_rates, idle_rates, strict=True) if i]
             out.update(
-                window_s=round(busy_s, 2),
-                appends_idle_per_s=round(idle, 1),
-                appends_rewriting_per_s=round(count[0] / busy_s, 1),
-                ratio=round(count[0] / busy_s / idle, 3) if idle else None,
+                window_s=round(statistics.median(windows), 2),
+                appends_idle_per_s=round(statistics.median(idle_rates), 1),
+                appends_rewriting_per_s=round(statistics.median(busy_rates), 1),
+                ratio_median=round(statistics.median(ratios), 3) if ratios else None,
+                ratios=[round(r, 2) for r in ratios],
             )
         finally:
             await node.stop()
@@ -236,6 +252,7 @@ def main() -> int:
     parser.add_argument("--append-bytes", type=int, default=1024)
     parser.add_argument("--max-appends", type=int, default=200_000)
     parser.add_argument("--rewrite-bytes-per-s", type=int, default=0, help="the rewrite's pace (0: unpaced)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the appends phase (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]

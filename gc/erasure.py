@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures.process import BrokenProcessPool
 
-from tiered.cold.objects.store import ObjectStoreError
+from tiered.cold.objects.store import ObjectNotFound, ObjectStoreError
 from tiered.cold.parquet.chunk import ColdDataDamaged
 from tiered.engine.jobs.rewrite import ObjectRewriter
 from tiered.engine.jobs.rewrite_plan import RewriteMismatch, erasure_candidates
@@ -52,7 +53,11 @@ class RewriteErasedObjects:
         for key in due:
             try:
                 done = await rewriter.rewrite(key)
-            except ObjectStoreError as exc:
+            except ObjectNotFound:
+                log.error("integrity error: erasure cannot rewrite %s: missing from the object store", key)
+                report.integrity_errors.append(f"erasure cannot rewrite {key}: missing from the object store")
+                continue
+            except (ObjectStoreError, BrokenProcessPool) as exc:
                 log.warning("erasure rewrite of %s failed (will retry): %s", key, exc)
                 report.errors.append(f"erasure rewrite of {key} failed: {exc}")
                 continue

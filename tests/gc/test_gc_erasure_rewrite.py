@@ -552,7 +552,8 @@ def _swallow(http: Callable[..., Any], *args: Any) -> None:
         pass  # the server was killed under it
 
 
-def test_a_damaged_object_is_never_rewritten_and_is_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["flipped-bit", "missing"])
+def test_a_damaged_object_is_never_rewritten_and_is_reported(tmp_path: Path, damage: str) -> None:
     config = _config(tmp_path)
     clock = VirtualClock()
     h = Harness(config, clock=clock)
@@ -563,14 +564,20 @@ def test_a_damaged_object_is_never_rewritten_and_is_reported(tmp_path: Path) -> 
         path = config.data_path / "cold" / old
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 3] ^= 0x40  # one flipped bit in the middle of the rows
-        path.write_bytes(bytes(raw))
+        if damage == "missing":
+            path.unlink()
+        else:
+            path.write_bytes(bytes(raw))
         await h.s.streams.erase_bucket("alpha")
         for at in (clock.ms, clock.ms + GRACE_MS):
             report = await h.gc(at)
             assert report.objects_rewritten == 0 and report.errors == []
-            [problem] = report.integrity_errors
-            assert f"erasure cannot rewrite {old}" in problem and "CRC32C" in problem
-        assert object_files(config.data_path) == {old} and set(h.s.state.cold_objects) == {old}
+            # (reconciliation reports a missing object too)
+            [problem] = [p for p in report.integrity_errors if p.startswith("erasure")]
+            assert f"erasure cannot rewrite {old}" in problem
+            assert ("CRC32C" if damage == "flipped-bit" else "missing from the object store") in problem
+        assert object_files(config.data_path) == ({old} if damage == "flipped-bit" else set())
+        assert set(h.s.state.cold_objects) == {old}
         assert h.s.state.copies_in_flight == {}
         [held] = erasure_report(h.s.state, clock.ms, DEADLINE_MS, GRACE_MS).buckets[0].objects
         assert held.status == PENDING  # still reported: the operator must act
