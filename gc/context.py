@@ -30,6 +30,10 @@ class GcContext:
     claim: PrefixOwner | None = None
     hot: HotCopies | None = None
     segments_deleted: Callable[[], int] = lambda: 0
+    # Erasure (``tiered.gc.erasure``): objects rewritten per pass; the deadline the report measures against.
+    rewrite_max_objects: int = 16
+    erasure_deadline_ms: int = 86_400_000
+    rewrite_bytes_per_s: int = 0  # pace of rewrites, read plus written (0: unpaced)
 
 
 @dataclass

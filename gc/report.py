@@ -24,6 +24,8 @@ class GcReport:
     would_delete: list[dict[str, Any]] = field(default_factory=list)  # dry run: key, bytes, reason
     errors: list[str] = field(default_factory=list)
     integrity_errors: list[str] = field(default_factory=list)
+    objects_rewritten: int = 0  # shared objects rewritten without an erased bucket's rows (``erasure``)
+    would_rewrite: list[dict[str, Any]] = field(default_factory=list)  # dry run: key, bytes, reason
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.gc.cold_objects import DeleteReleasedObjects, pending_deletions
 from tiered.gc.context import GcContext, GcPass, GcTask
+from tiered.gc.erasure import RewriteErasedObjects
 from tiered.gc.expiry import ExpireStreams
 from tiered.gc.hot_segments import ReleaseHotCopies
 from tiered.gc.orphans import ReconcileOrphans
@@ -49,6 +50,7 @@ def default_tasks() -> list[GcTask]:
         ExpireProducers(),
         ApplyRetention(),
         ReleaseHotCopies(),
+        RewriteErasedObjects(),  # before the deletes: the objects it releases wait out the grace there
         DeleteReleasedObjects(),
         ReconcileOrphans(),
     ]

@@ -54,6 +54,8 @@ REPORT_KEYS = {
     "would_delete",
     "errors",
     "integrity_errors",
+    "objects_rewritten",  # issue 21: erasure rewrites
+    "would_rewrite",
 }
 TOTALS_KEYS = {
     "passes",

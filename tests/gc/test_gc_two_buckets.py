@@ -1,8 +1,9 @@
 """The product card's case: one cold object owned by two buckets, and forks across buckets.
 
 * Streams in buckets ``alpha`` and ``beta`` are flushed into ONE Parquet object. Erasing
-  ``alpha`` releases only alpha's ownership: the object stays (however long we wait), and
-  beta's stream keeps reading byte-exact from it, across restarts. Erasing ``beta`` too
+  ``alpha`` releases only alpha's ownership; the object is rewritten with beta's rows only
+  (issue 21's erasure rewrite) and the old one deleted after the grace delay, and beta's
+  stream keeps reading byte-exact, across restarts. Erasing ``beta`` too
   leaves the object with no owner: it is deleted once the grace delay has passed, never
   before.
 * A fork in bucket ``beta`` of a stream in bucket ``alpha`` keeps its inherited bytes
@@ -81,10 +82,18 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
             h.s.streams.lookup("alpha", "events/a")
         assert http_status(err.value) == 404
 
-        # However long we wait, beta still owns it: the object stays, byte-exact through beta.
-        for delta in (0, GRACE_MS, 100 * GRACE_MS):
+        # Beta still owns it, so erasure rewrites it without alpha's rows (tests/gc/test_gc_erasure_rewrite.py):
+        # the copy serves beta, byte-exact; the old object goes after the grace delay.
+        report = await h.gc(erased_at)
+        assert report.objects_rewritten == 1 and report.objects_deleted == 0, report
+        old = key
+        [key] = set(state.cold_objects) - {old}
+        assert object_files(config.data_path) == {old, key}
+        obj = state.cold_objects[key]
+        assert {(e.bucket, e.stream) for e in obj.index.streams} == {("beta", "events/b")}
+        for delta in (GRACE_MS, 100 * GRACE_MS):
             report = await h.gc(erased_at + delta)
-            assert report.objects_deleted == 0 and report.orphans_deleted == 0, report
+            assert report.objects_rewritten == 0 and report.orphans_deleted == 0, report
             assert report.errors == [] and report.integrity_errors == []
             assert object_files(config.data_path) == {key}
             assert await h.read("beta", "events/b") == b"".join(B_DATA)
@@ -122,9 +131,10 @@ def test_object_owned_by_two_buckets_survives_erasure_of_one_and_goes_after_both
     assert kinds.count(BucketErased) == 2
     started = [r for r in records if isinstance(r, ColdDeleteStarted)]
     finished = [r for r in records if isinstance(r, ColdDeleteFinished)]
-    assert len(started) == len(finished) == 1 and started[0].keys == finished[0].keys
-    assert not started[0].orphan
-    assert records.index(started[0]) < records.index(finished[0])
+    assert len(started) == len(finished) == 2  # the object erasure rewrote, then its copy
+    for start, finish in zip(started, finished, strict=True):
+        assert start.keys == finish.keys and not start.orphan
+        assert records.index(start) < records.index(finish)
 
 
 def test_fork_in_another_bucket_keeps_inherited_bytes_after_the_source_bucket_is_erased(

@@ -74,6 +74,7 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
         ("orphans found", report["orphans_found"]),
         ("orphans deleted", report["orphans_deleted"]),
         ("hot segments deleted", report["segments_deleted"]),
+        ("objects rewritten (erasure)", report.get("objects_rewritten", 0)),
         ("errors", len(report["errors"])),
         ("integrity errors", len(report["integrity_errors"])),
     ]
@@ -83,6 +84,8 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
         out.write(f"{name:<{width}}  {value:>12,}\n")
     for item in report["would_delete"]:
         out.write(f"would delete {item['key']} ({item['bytes']:,} bytes): {item['reason']}\n")
+    for item in report.get("would_rewrite", []):
+        out.write(f"would rewrite {item['key']} ({item['bytes']:,} bytes): {item['reason']}\n")
     for err in report["errors"]:
         out.write(f"error: {err}\n")
     for err in report["integrity_errors"]:

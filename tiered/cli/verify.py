@@ -12,6 +12,10 @@ Reads the metadata (snapshot + journal, read-only), then:
   belong to that stream's incarnation (the ``incarnation`` column; objects
   written before it existed have none to check).
 
+And erasure: no cold object may still hold an erased bucket's bytes past the
+erasure deadline (``erasure_deadline_s``; ``tiered.engine.jobs.rewrite_plan``),
+save rows a fork in another bucket inherited.
+
 Any mismatch is reported and makes the exit code 1. Nothing is written: the
 data dir and the store are opened read-only.
 """
@@ -26,9 +30,11 @@ from typing import TextIO
 from tiered.cold.objects.keys import is_snapshot_key
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.cold.parquet.chunk import iter_records, rebuild_index
+from tiered.core.clock import SystemClock
 from tiered.core.config import Config
 from tiered.engine.codec import RECORDS
 from tiered.engine.engine import new_state, open_store, producer_limits
+from tiered.engine.jobs.rewrite_plan import erasure_report
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
@@ -146,6 +152,18 @@ async def verify_cold(state: StreamState, store: ObjectStore, out: TextIO | None
     return report
 
 
+def verify_erasure(state: StreamState, config: Config, now_ms: int) -> list[str]:
+    """An error per object still holding an erased bucket's bytes past the erasure deadline."""
+    report = erasure_report(
+        state, now_ms, int(config.erasure_deadline_s * 1000), int(config.gc_grace_s * 1000)
+    )
+    return [
+        f"{obj.key}: still holds {obj.bytes} bytes of erased bucket {bucket!r} past the erasure deadline "
+        f"({obj.status})"
+        for bucket, obj in report.overdue
+    ]
+
+
 def _check_range(rows: list[tuple[int, int, int]], start: int, end: int) -> str | None:
     """Rows (start, end, payload length) must tile [start, end) exactly."""
     pos = start
@@ -202,6 +220,7 @@ async def run_verify(config: Config) -> int:
         await store.close()
     report.segments = hot.segments
     report.errors[:0] = hot.errors
+    report.errors.extend(verify_erasure(state, config, SystemClock().now_ms()))
     print(f"hot segments:     {report.segments}")
     print(f"objects verified: {report.objects}")
     print(f"bytes read:       {report.bytes}")

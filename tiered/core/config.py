@@ -296,6 +296,23 @@ class Config:
         16 * MiB, "most update bytes one bootstrap read returns after the snapshot; then it is partial"
     )
 
+    # Erasure that reaches every byte, and cold-object rewrites (issue 21: tiered/engine/jobs/rewrite.py).
+    erasure_deadline_s: float = setting(
+        86400.0,
+        "an erased bucket's rows are gone from every cold object (shared ones rewritten without them, the old "
+        "ones deleted) within this long of the erasure; GET /v1/admin/erasure reports, tiered verify checks",
+        ALL,
+    )
+    rewrite_max_objects_per_pass: int = setting(
+        16, "bound on cold objects rewritten per GC pass (erasure rewrites)", OFFLINE_GC
+    )
+    rewrite_bytes_per_s: int = setting(
+        16_000_000,
+        "pace of cold-object rewrites, bytes read plus written per second (0: unpaced), so appends keep "
+        "their share of the machine",
+        OFFLINE_GC,
+    )
+
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
@@ -412,6 +429,7 @@ class Config:
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
         self._validate_workers()
+        self._validate_rewrites()
 
     def _validate_workers(self) -> None:
         if self.workers < 0:
@@ -433,6 +451,18 @@ class Config:
             return max(1, len(os.sched_getaffinity(0)))
         except AttributeError:  # not on Linux
             return max(1, os.cpu_count() or 1)
+
+    def _validate_rewrites(self) -> None:
+        """Erasure and cold-object rewrites (issue 21)."""
+        if self.rewrite_max_objects_per_pass <= 0 or self.erasure_deadline_s <= 0:
+            raise ConfigError("rewrite_max_objects_per_pass and erasure_deadline_s must be positive")
+        if self.rewrite_bytes_per_s < 0:
+            raise ConfigError("rewrite_bytes_per_s must not be negative (0: unpaced)")
+        if self.gc_grace_s >= self.erasure_deadline_s:
+            raise ConfigError(
+                "gc_grace_s must be below erasure_deadline_s: an erased bucket's old objects wait out the "
+                "grace delay before they are deleted"
+            )
 
     @property
     def data_path(self) -> Path:

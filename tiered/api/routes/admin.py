@@ -13,6 +13,8 @@ Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``; the route 
   newest snapshot's offset (404 without one);
 * ``POST /v1/admin/gc[?dry_run=true|false]``: run one GC pass now, return its report;
 * ``GET /v1/admin/gc``: the last report, pending deletions, lifetime counters;
+* ``GET /v1/admin/erasure``: per erased bucket, the cold objects still holding its bytes, why, until
+  when, and whether the erasure deadline passed (``tiered.engine.jobs.rewrite_plan.erasure_report``);
 * ``GET /metrics``: Prometheus text.
 
 Open: ``GET /healthz`` (liveness) and ``GET /readyz`` (readiness).
@@ -31,6 +33,7 @@ from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.core.parsing import UInt, decode_body, query_flag
+from tiered.engine.jobs.rewrite_plan import erasure_report
 from tiered.engine.streams.service import StreamService
 from tiered.engine.streams.snapshot_service import SnapshotService
 from tiered.gc.runner import GcRunner
@@ -143,6 +146,12 @@ class AdminRoutes:
                 "last_pass": gc.last_report.to_json() if gc.last_report else None,
             }
         )
+
+    async def erasure(self, request: Request) -> Response:
+        """What still holds an erased bucket's bytes (the proof an erasure reached every byte, or not yet)."""
+        ctx = self._gc().ctx
+        report = erasure_report(ctx.state, ctx.clock.now_ms(), ctx.erasure_deadline_ms, ctx.grace_ms)
+        return json_response(report.to_json())
 
     # -------------------------------------------------------------- operations
 

@@ -179,6 +179,23 @@ def merge_gc_status(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
     }
 
 
+def merge_erasure(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
+    """Each shard's erasure report, one list of objects per erased bucket (the buckets' erasure is wide)."""
+    bodies = [a.body for a in sorted(answers, key=lambda a: a.shard)]
+    buckets: dict[str, dict[str, Any]] = {}
+    for body in bodies:
+        for b in body["buckets"]:
+            entry = buckets.setdefault(b["bucket"], {**b, "objects": [], "overdue": 0})
+            entry["objects"].extend(b["objects"])
+            entry["overdue"] += b["overdue"]
+    return 200, {
+        "now_ms": max(int(b["now_ms"]) for b in bodies),
+        "deadline_s": bodies[0]["deadline_s"],
+        "overdue": sum(int(b["overdue"]) for b in bodies),
+        "buckets": [buckets[name] for name in sorted(buckets)],
+    }
+
+
 _NO_STORE = (("Cache-Control", "no-store"),)
 #: Each merge a ``SCATTER`` row of the route table names (``RouteSpec.scatter``).
 PLANS: dict[str, ScatterPlan] = {
@@ -190,6 +207,7 @@ PLANS: dict[str, ScatterPlan] = {
         ScatterPlan("usage", merge_usage, _NO_STORE, tolerate_not_found=True),
         ScatterPlan("gc", merge_gc_report),
         ScatterPlan("gc-status", merge_gc_status),
+        ScatterPlan("erasure", merge_erasure, _NO_STORE),
     )
 }
 

@@ -194,6 +194,25 @@ class SnapshotRetentionSet(_Record, frozen=True, tag="snapshot.retention.v1"):
     ts_ms: int
 
 
+class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
+    """A rewritten copy of ``old_key`` is durably uploaded as ``new_key``: ``ranges`` now read from it.
+
+    The rewrite job (``tiered.engine.jobs.rewrite``) journals ``ColdCopyStarted(new_key, ())``
+    before the upload and this after it. Applying it moves each listed stream range
+    that still reads from ``old_key`` (exactly that range) to ``new_key``; a range
+    released meanwhile stays released. The old object loses those owners and, once
+    it has none, goes through the GC's grace delay and journaled delete.
+    """
+
+    old_key: str
+    new_key: str
+    ts_ms: int
+    size: int
+    crc32c: int
+    index: ChunkIndex
+    ranges: tuple[CopyRange, ...]
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -213,4 +232,5 @@ StreamRecord = (
     | ColdDeleteFinished
     | SnapshotPublished
     | SnapshotRetentionSet
+    | ColdRewriteCommitted
 )

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, cast
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release, snapshots
+from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release, rewrites, snapshots
 from tiered.engine.streams.model import (
     AppendRequest,
     ColdObject,
@@ -45,6 +45,7 @@ from tiered.engine.streams.records import (
     ColdCopyStarted,
     ColdDeleteFinished,
     ColdDeleteStarted,
+    ColdRewriteCommitted,
     HotTrimmed,
     ProducersExpired,
     RetentionAdvanced,
@@ -232,4 +233,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     RetentionPolicySet: lambda st, r, _: release.apply_policy_set(st, r),
     SnapshotPublished: lambda st, r, _: snapshots.apply_published(st, r),
     SnapshotRetentionSet: lambda st, r, _: snapshots.apply_retention_set(st, r),
+    ColdRewriteCommitted: lambda st, r, _: rewrites.apply_rewrite_committed(st, r),
 }

@@ -1,0 +1,220 @@
+"""Rewriting one cold object without the rows nobody reads, through a journaled lifecycle.
+
+The machinery erasure uses (``tiered.gc.erasure``) and any later rewrite
+(compaction) can: given an object, keep the rows some stream range still
+reads (``rewrite_plan``), optionally filtered further, and swap the ranges to
+the new object. The steps, each safe to crash after:
+
+1. the old object is read whole and checked against the size and CRC32C the
+   metadata recorded (then every Parquet page checksum as it decodes): a
+   damaged object is an integrity error and is never rewritten; decoding and
+   encoding the new object run in a worker process, off the event loop and
+   its GIL;
+2. ``ColdCopyStarted(new_key, ())`` is journaled (intent: a crash from here on
+   leaves a known key; a restart journals it aborted and reconciliation
+   deletes the upload, if any, after the grace delay);
+3. the new object is uploaded create-if-absent (upload before commit);
+4. ``ColdRewriteCommitted(old_key, new_key, ranges)`` is journaled (commit
+   before release): the ranges that still read from the old object move to
+   the new one; the old object loses those owners;
+5. the old object, once nobody owns it, is deleted by the GC's
+   ``cold_objects`` task after the grace delay (journal before delete), so a
+   read planned against it before the swap still finds it.
+
+Until step 4 the old object serves every read; after it the new one does and
+the old one still exists: no byte acknowledged is lost, none is served twice
+(one range reads from one object). The pass is bounded by its caller, and
+idempotent: an object whose rows are all read is never a candidate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from tiered.cold.objects.keys import new_object_key
+from tiered.cold.objects.store import ObjectStore
+from tiered.cold.parquet.chunk import ChunkIndex, ColdDataDamaged, ColdRecord, encode_chunk, iter_records
+from tiered.core.clock import Clock
+from tiered.core.ports import Committer
+from tiered.engine.jobs.rewrite_plan import KeptRange, RewriteMismatch, plan_rewrite, select_rows
+from tiered.engine.streams.records import (
+    ColdCopyAborted,
+    ColdCopyStarted,
+    ColdRewriteCommitted,
+    CopyRange,
+)
+from tiered.engine.streams.state import StreamState
+from tiered.hot.segment import crc32c
+
+log = logging.getLogger(__name__)
+
+ROW_GROUP_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """One rewrite done: the old object's ranges read from ``new_key`` (``bytes_*``: object sizes)."""
+
+    old_key: str
+    new_key: str
+    bytes_before: int
+    bytes_after: int
+    ranges: int
+
+
+class ObjectRewriter:
+    """Rewrites cold objects one at a time (``rewrite``); the caller bounds how many per pass."""
+
+    def __init__(self, state: StreamState, committer: Committer, store: ObjectStore, clock: Clock) -> None:
+        self.state = state
+        self.committer = committer
+        self.store = store
+        self.clock = clock
+        self.objects_rewritten = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    async def rewrite(
+        self, key: str, predicate: Callable[[ColdRecord], bool] | None = None
+    ) -> Rewritten | None:
+        """Rewrite ``key`` keeping the rows still read (and passing ``predicate``); None: nothing to do.
+
+        Raises ``ColdDataDamaged`` (the object is not what was written),
+        ``RewriteMismatch`` (its rows do not tile a range it serves) or an
+        ``ObjectStoreError``; each leaves the old object serving as before.
+        """
+        plan = plan_rewrite(self.state, key)
+        if plan is None:
+            return None
+        obj = self.state.cold_objects[key]
+        data = await self.store.get(key)
+        self.bytes_read += len(data)
+        new_data, index, new_crc = await _in_worker(key, data, (obj.size, obj.crc32c), plan.keep, predicate)
+        now = self.clock.now_ms()
+        new_key = new_object_key(now)
+        await self.committer.commit([ColdCopyStarted(key=new_key, ts_ms=now, ranges=())])
+        try:
+            await self.store.put(new_key, new_data)
+        except BaseException as exc:
+            reason = f"rewrite upload failed: {exc!r}"[:500]
+            try:
+                await self.committer.commit(
+                    [ColdCopyAborted(key=new_key, ts_ms=self.clock.now_ms(), reason=reason)]
+                )
+            except Exception:
+                log.exception("could not journal the abort of %s", new_key)
+            raise
+        ranges = tuple(CopyRange(k.uid, k.start, k.end) for k in plan.keep)
+        await self.committer.commit(
+            [
+                ColdRewriteCommitted(
+                    old_key=key,
+                    new_key=new_key,
+                    ts_ms=self.clock.now_ms(),
+                    size=len(new_data),
+                    crc32c=new_crc,
+                    index=index,
+                    ranges=ranges,
+                )
+            ]
+        )
+        self.objects_rewritten += 1
+        self.bytes_written += len(new_data)
+        log.info(
+            "cold object %s rewritten as %s (%d -> %d bytes, %d stream ranges)",
+            key,
+            new_key,
+            len(data),
+            len(new_data),
+            len(ranges),
+        )
+        return Rewritten(key, new_key, len(data), len(new_data), len(ranges))
+
+
+Encoded = tuple[bytes, ChunkIndex, int]
+
+# One worker process does the rewrites' decoding and encoding: in a thread they held the GIL in
+# slices long enough to stall the event loop (appends fell to a fifth while a rewrite ran,
+# docs/benchmarks.md). Started on first use ("spawn": the server's threads are not forked), and
+# again after it died.
+_pool: ProcessPoolExecutor | None = None
+
+
+def _worker_pool() -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    return _pool
+
+
+async def _in_worker(
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
+) -> Encoded:
+    """``rewrite_bytes`` in the worker process; its refusals raised here as the errors they are."""
+    global _pool
+    loop = asyncio.get_running_loop()
+    try:
+        outcome, value = await loop.run_in_executor(
+            _worker_pool(), rewrite_bytes, key, data, recorded, keep, predicate
+        )
+    except BrokenProcessPool:
+        _pool = None  # the worker died (killed, out of memory): the next rewrite starts a new one
+        raise
+    if outcome == "damaged":
+        raise ColdDataDamaged(key, value)
+    if outcome == "mismatch":
+        raise RewriteMismatch(value)
+    encoded: Encoded = value
+    return encoded
+
+
+def rewrite_bytes(
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
+) -> tuple[str, Any]:
+    """The old object's bytes to the new object's (worker process): ("ok", (bytes, index, crc32c)), or
+    ("damaged" | "mismatch", why): refusals cross the process boundary as values."""
+    try:
+        rows = _rows_to_keep(key, data, recorded, keep, predicate)
+    except ColdDataDamaged as exc:
+        return "damaged", exc.detail
+    except RewriteMismatch as exc:
+        return "mismatch", str(exc)
+    new_data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES)
+    return "ok", (new_data, index, crc32c(new_data))
+
+
+def _rows_to_keep(
+    key: str,
+    data: bytes,
+    recorded: tuple[int, int],
+    keep: tuple[KeptRange, ...],
+    predicate: Callable[[ColdRecord], bool] | None,
+) -> list[ColdRecord]:
+    """Check the whole object's size and CRC32C, decode (page checksums checked) and select. Any
+    mismatch or decode failure is damage: never rewritten."""
+    size, crc = recorded
+    if len(data) != size or crc32c(data) != crc:
+        raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
+    try:
+        records = list(iter_records(data))
+    except Exception as exc:
+        raise ColdDataDamaged(key, f"does not decode ({type(exc).__name__}: {exc})") from None
+    rows = select_rows(records, keep, predicate)
+    if not rows:
+        raise RewriteMismatch(f"{key}: no row left to keep")
+    return rows
