@@ -9,7 +9,7 @@ is durable. Reads stay within what is durable (``Visibility``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.engine.journal.committer import Committer
-from tiered.engine.streams import appends, lifecycle
+from tiered.engine.streams import appends, lifecycle, listing
 from tiered.engine.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
 from tiered.engine.streams.producers import ProducerChange
 from tiered.engine.streams.reader import StreamReader
@@ -138,6 +138,28 @@ class StreamService:
 
     def list_buckets(self) -> list[dict[str, Any]]:
         return [{"name": name, "created_ms": ts} for name, ts in sorted(self.state.buckets.items())]
+
+    def list_streams(
+        self, bucket: str, query: listing.ListQuery, prefixes: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """One page of a bucket's live streams (``tiered.engine.streams.listing``); ``prefixes``: the caller's."""
+        if bucket not in self.state.buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
+        now_ms = self.clock.now_ms()
+        streams = self.state.streams
+        live = (
+            path
+            for (b, path), uid in self.state.paths.items()
+            if b == bucket and not (s := streams[uid]).soft_deleted and not s.expired(now_ms)
+        )
+        return listing.page(live, query, prefixes, lambda path: self._entry(bucket, path))
+
+    def _entry(self, bucket: str, path: str) -> listing.Entry:
+        s = self.state.streams[self.state.paths[(bucket, path)]]
+        v = self.view(s)
+        return listing.Entry(
+            path, s.content_type, v.tail, s.retained_from, s.created_ms, v.closed, s.ttl_s, s.expires_at
+        )
 
     # ------------------------------------------------------------- retention
 

@@ -1,0 +1,145 @@
+"""Listing a bucket's streams: one page in path order, after a cursor, within the caller's prefixes (pure).
+
+``GET /v1/buckets/{bucket}/streams?prefix=&after=&limit=`` (and ``GET
+/v1/stream?...`` for the default bucket) pages through a bucket's live
+streams in the byte order of their paths. The cursor is the last path of the
+previous page (``after``, S2's ``start_after``): it names no server state, so
+it never expires, any node answers it, and a cluster merges the shards'
+pages by the same key (``tiered.cluster.gateway.scatter.merge_stream_list``).
+
+What a client can rely on, whatever is created or deleted while it pages
+(the guarantee of S3's and S2's listings): paths come strictly increasing
+across pages, so none is listed twice; every stream that lives from the first
+page to the last is listed; a stream created or deleted meanwhile may or may
+not be. ``limit`` is at most ``MAX_LIMIT`` (also the default, as S2's).
+
+A caller sees only the streams its grants cover (``prefixes``: the
+whole-segment prefixes of its grants on the bucket, ``None`` for every path:
+the operator, a grant without a prefix, a public-read bucket), so a
+prefix-limited token learns no name outside its prefix, not even how many.
+
+A page costs one pass over the engine's streams (``O(streams)``, then a
+heap of ``limit``): cheap next to the HTTP round trip up to a few hundred
+thousand streams per engine (``docs/navigation.md``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tiered.core.errors import bad_request
+from tiered.core.ids import format_offset
+from tiered.core.parsing import query_uint
+
+__all__ = [
+    "MAX_LIMIT",
+    "MAX_PREFIX_CHARS",
+    "ListQuery",
+    "covered",
+    "page",
+    "parse_list_query",
+]
+
+#: The most entries one page holds, and the page size when ``limit`` is not given (S2's default and cap).
+MAX_LIMIT = 1000
+#: Longer ``prefix`` or ``after`` values match no stream path (paths are bounded far below) and are refused.
+MAX_PREFIX_CHARS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """A listing's query, parsed: ``prefix`` to match, ``after`` (exclusive) to start from, page size."""
+
+    prefix: str = ""
+    after: str = ""
+    limit: int = MAX_LIMIT
+
+
+def parse_list_query(query: Mapping[str, str]) -> ListQuery:
+    """``prefix``, ``after`` and ``limit`` (1 to ``MAX_LIMIT``) from a decoded query; 400 when out of range."""
+    prefix = query.get("prefix", "")
+    after = query.get("after", "")
+    for name, value in (("prefix", prefix), ("after", after)):
+        if len(value) > MAX_PREFIX_CHARS:
+            raise bad_request(f"query parameter {name} is longer than {MAX_PREFIX_CHARS} characters")
+        if not value.isprintable():
+            raise bad_request(f"query parameter {name} must be printable text")
+    limit = query_uint(query, "limit", maximum=MAX_LIMIT)
+    if limit == 0:
+        raise bad_request(f"query parameter limit must be between 1 and {MAX_LIMIT}")
+    return ListQuery(prefix, after, MAX_LIMIT if limit is None else limit)
+
+
+def covered(path: str, prefixes: Sequence[str] | None) -> bool:
+    """Whether a grant prefix covers ``path`` (whole segments: ``app1`` covers ``app1/x``, not ``app10``)."""
+    if prefixes is None:
+        return True
+    for p in prefixes:
+        if path == p or (path.startswith(p) and path[len(p) : len(p) + 1] == "/"):
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One listed stream, as the service saw it (visible tail and closed state, not in-flight ones)."""
+
+    path: str
+    content_type: str
+    next_offset: int  # the tail: ``Stream-Next-Offset``
+    retained_offset: int  # the low-water mark: the first readable offset (``Stream-Retained-Offset``)
+    created_ms: int
+    closed: bool
+    ttl_s: int | None = None
+    expires_at: str | None = None
+    # Record ordinals (``tiered.engine.streams.ordinals``), when the stream keeps them.
+    records: int | None = None
+    first_record: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.path,
+            "content_type": self.content_type,
+            "next_offset": format_offset(self.next_offset),
+            "retained_offset": format_offset(self.retained_offset),
+            "size_bytes": self.next_offset - self.retained_offset,
+            "created_ms": self.created_ms,
+            "closed": self.closed,
+        }
+        if self.ttl_s is not None:
+            out["ttl_s"] = self.ttl_s
+        if self.expires_at is not None:
+            out["expires_at"] = self.expires_at
+        if self.records is not None:
+            out["records"] = self.records
+            out["first_record"] = self.first_record
+        return out
+
+
+def page(
+    paths: Iterable[str],
+    query: ListQuery,
+    prefixes: Sequence[str] | None,
+    describe: Callable[[str], Entry],
+) -> dict[str, Any]:
+    """The page ``query`` asks for among ``paths`` (a bucket's live streams, any order), as the answer's body.
+
+    ``describe(path)`` gives a listed path's entry. ``has_more``: a next page
+    holds at least one entry (as of this pass); ``next_after``: its cursor.
+    """
+    after, prefix = query.after, query.prefix
+    candidates = (
+        p for p in paths if p > after and p.startswith(prefix) and (prefixes is None or covered(p, prefixes))
+    )
+    chosen = heapq.nsmallest(query.limit + 1, candidates)
+    more = len(chosen) > query.limit
+    rows = [describe(path).as_json() for path in chosen[: query.limit]]
+    return {
+        "streams": rows,
+        "has_more": more,
+        "next_after": rows[-1]["path"] if more else None,
+        "limit": query.limit,
+    }
