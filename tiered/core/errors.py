@@ -94,6 +94,8 @@ class ErrorCode(StrEnum):
     STALE_REVISION = "STALE_REVISION"  # context: revision
     # A bug: anything else that escapes a handler (logged with its traceback).
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    # Issue 22: a conditional append whose expected tail is not the stream's (412; context: next_offset).
+    TAIL_MISMATCH = "TAIL_MISMATCH"
 
 
 class TieredError(Exception):

@@ -82,6 +82,7 @@ STATUS: dict[ErrorCode, int] = {
     C.SHARD_NOT_OWNED: 503,  # cluster: no valid lease here (yet); the owner or a retry will answer
     C.SHARD_FENCED: 503,  # cluster: a higher epoch took the shard over; retry reaches the new owner
     C.QUOTA_EXCEEDED: 507,
+    C.TAIL_MISMATCH: 412,  # issue 22: conditional appends
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -110,6 +111,8 @@ def error_response(exc: TieredError) -> Response:
         headers["Stream-Closed"] = "true"
         headers["Stream-Next-Offset"] = ctx["next_offset"]
     elif code is C.OFFSET_GONE:
+        headers["Stream-Next-Offset"] = ctx["next_offset"]
+    elif code is C.TAIL_MISMATCH:
         headers["Stream-Next-Offset"] = ctx["next_offset"]
     elif code is C.STALE_PRODUCER_EPOCH:
         headers["Producer-Epoch"] = str(ctx["epoch"])

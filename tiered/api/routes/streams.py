@@ -27,6 +27,7 @@ from tiered.core.content import is_text_like, json_messages_to_array, valid_medi
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
+from tiered.engine.streams.conditions import parse_expected_offset
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
 from tiered.engine.streams.protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
@@ -152,8 +153,9 @@ class StreamRoutes:
                 raise bad_request("an append with a body needs a Content-Type")
             if not valid_media_type(content_type):
                 raise bad_request(f"invalid Content-Type {content_type!r}")
+        expected = parse_expected_offset(h)
         result = await self.service.append(
-            bucket, path, AppendRequest(content_type, body, close, producer, epoch, seq, stream_seq)
+            bucket, path, AppendRequest(content_type, body, close, producer, epoch, seq, stream_seq, expected)
         )
         headers = {"Stream-Next-Offset": format_offset(result.tail)}
         if result.closed:

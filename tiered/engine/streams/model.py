@@ -256,6 +256,7 @@ class AppendRequest:
     epoch: int = 0
     seq: int = 0
     stream_seq: str | None = None
+    expected_offset: int | None = None  # issue 22: ``Stream-Expected-Offset`` (``conditions``)
 
 
 @dataclass(frozen=True, slots=True)
