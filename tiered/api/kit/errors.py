@@ -114,6 +114,8 @@ def error_response(exc: TieredError) -> Response:
         headers["Stream-Next-Offset"] = ctx["next_offset"]
     elif code is C.TAIL_MISMATCH:
         headers["Stream-Next-Offset"] = ctx["next_offset"]
+        if "record_next" in ctx:
+            headers["Stream-Record-Next"] = str(ctx["record_next"])
     elif code is C.STALE_PRODUCER_EPOCH:
         headers["Producer-Epoch"] = str(ctx["epoch"])
     elif code is C.PRODUCER_SEQ_GAP:

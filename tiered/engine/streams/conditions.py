@@ -20,9 +20,11 @@ as a retry and a refusal names the first thing wrong:
    is answered 204 with nothing written, *before* the expected offset is
    looked at (the tail moved because of that very append); a stale epoch is
    403, a sequence gap 409;
-4. the expected offset (and, with record ordinals, ``Stream-Record-Match``):
-   412 ``TAIL_MISMATCH``;
-5. ``Stream-Seq`` must increase: 409.
+4. the expected offset: 412 ``TAIL_MISMATCH``;
+5. ``Stream-Seq`` must increase: 409;
+6. ``Stream-Record-Match`` (the next record ordinal, ``ordinals``): 412
+   ``TAIL_MISMATCH`` (``record_next`` in the body, ``Stream-Record-Next``);
+   checked by the service right after the rules above, in the same step.
 
 A JSON batch (an array body) is one append: the condition holds for the
 whole batch, which is written entirely or not at all.
@@ -34,10 +36,19 @@ from collections.abc import Mapping
 
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
+from tiered.core.parsing import parse_uint
 
-__all__ = ["EXPECTED_OFFSET", "check_expected_offset", "parse_expected_offset"]
+__all__ = [
+    "EXPECTED_OFFSET",
+    "RECORD_MATCH",
+    "check_expected_offset",
+    "check_record_match",
+    "parse_expected_offset",
+    "parse_record_match",
+]
 
 EXPECTED_OFFSET = "Stream-Expected-Offset"
+RECORD_MATCH = "Stream-Record-Match"  # Ursula's: the next record ordinal expected (``ordinals``)
 
 
 def parse_expected_offset(headers: Mapping[str, str]) -> int | None:
@@ -60,4 +71,28 @@ def check_expected_offset(tail: int, expected: int | None) -> None:
             "Stream-Next-Offset is the current tail",
             next_offset=format_offset(tail),
             expected_offset=format_offset(expected),
+        )
+
+
+def parse_record_match(headers: Mapping[str, str]) -> int | None:
+    """The record ordinal ``Stream-Record-Match`` names, None without one; 400 if not a number."""
+    raw = headers.get(RECORD_MATCH)
+    return None if raw is None else parse_uint(raw, RECORD_MATCH)
+
+
+def check_record_match(next_record: int | None, tail: int, expected: int | None) -> None:
+    """Refuse (412) unless the stream's next record ordinal is ``expected``; 400 on a stream without ordinals."""
+    if expected is None:
+        return
+    if next_record is None:
+        raise bad_request(
+            f"{RECORD_MATCH} needs record ordinals, which this stream (created before them) lacks"
+        )
+    if next_record != expected:
+        raise TieredError(
+            ErrorCode.TAIL_MISMATCH,
+            f"the stream's next record is {next_record}, not {expected} ({RECORD_MATCH}): another append "
+            "came first; Stream-Next-Offset is the current tail",
+            next_offset=format_offset(tail),
+            record_next=next_record,
         )

@@ -29,6 +29,9 @@ ALLOWED_HEADERS = ", ".join(
         "Producer-Epoch",
         "Producer-Seq",
         "X-Request-Id",
+        # Issue 22: conditional appends.
+        "Stream-Expected-Offset",
+        "Stream-Record-Match",
     ]
 )
 _PREFLIGHT = {

@@ -24,6 +24,11 @@ EXPOSED_HEADERS = ", ".join(
         "Retry-After",
         "X-Request-Id",
         "WWW-Authenticate",
+        # Issue 22: record ordinals.
+        "Stream-Record",
+        "Stream-Record-First",
+        "Stream-Record-Next",
+        "Stream-Record-Count",
     ]
 )
 SECURITY_HEADERS = {
