@@ -34,7 +34,7 @@ def nodes(
     env = {**cluster_env(), "TIERED_ADMIN_TOKEN": ADMIN}
     base = tmp_path_factory.mktemp("cluster-listing")
     with start_nodes(
-        base, moto_s3, unique_prefix("listing"), ("l1", "l2"), env=env, shards=SHARDS, ttl_s=2.0, extra=("--auth", "tokens")
+        base, moto_s3, unique_prefix("listing"), ("l1", "l2"), env=env, shards=SHARDS, ttl_s=2.0, durability="object-store", extra=("--auth", "tokens")
     ) as started:  # fmt: skip
         wait_placed(started, SHARDS, 40, OPERATOR)
         yield started
