@@ -19,6 +19,7 @@ from tests.support import deployments
 from tests.support.deadlines import Deadline
 from tests.support.http_helpers import request, stream_url, unique
 from tests.support.server_process import ServerProcess
+from tiered.core.errors import TieredError
 from tiered.core.ids import format_offset
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,6 +116,9 @@ def test_entries_say_what_each_stream_is(srv: ServerProcess) -> None:
     assert eu["next_offset"] == format_offset(5) and eu["retained_offset"] == format_offset(0)
     assert eu["size_bytes"] == 5 and eu["closed"] is False
     assert us["closed"] is True and us["size_bytes"] == 0
+    # Record ordinals: one append of five bytes is one record; the closed JSON stream has none.
+    assert (eu["first_record"], eu["next_record"], eu["records"]) == (0, 1, 1)
+    assert (us["first_record"], us["next_record"], us["records"]) == (0, 0, 0)
     assert isinstance(eu["created_ms"], int) and eu["created_ms"] > 0
 
 
@@ -221,3 +225,23 @@ def test_tails_move_with_appends(srv: ServerProcess) -> None:
     assert request("POST", url, {**OPERATOR, "Content-Type": "text/plain"}, b"abc")[0] == 204
     _, page = listing(srv, bucket)
     assert page["streams"][0]["next_offset"] == format_offset(3)
+
+
+def test_the_listing_routes_are_classified_once_for_every_layer() -> None:
+    """The table's rows: the default bucket's listing is not a stream, a bucket's is keyed by its bucket."""
+    from tiered.api.kit.target import Family, parse_target
+    from tiered.api.table import Fanout, Kind, classify, shard_key
+    from tiered.cluster.gateway.scatter import PLANS
+
+    for path, bucket in (("/v1/stream", "default"), ("/v1/buckets/abc/streams", "abc")):
+        target = parse_target("GET", path, {"prefix": "x"}, {})
+        assert (target.family, target.bucket, target.stream) == (Family.STREAMS, bucket, None)
+        spec = classify("GET", target).spec
+        assert spec.handler == "buckets.list_streams" and spec.scope.kind is Kind.BUCKET
+        assert spec.fanout is Fanout.SCATTER and spec.scatter is not None and spec.scatter in PLANS
+        assert shard_key(target) == (bucket, "")
+        assert classify("POST", target).spec.handler is None  # the router's 405
+    # With a trailing slash it stays a stream URL (an empty path: 400), never the listing.
+    with pytest.raises(TieredError):
+        parse_target("GET", "/v1/stream/", {}, {})
+    assert parse_target("GET", "/v1/buckets/abc/streams/x", {}, {}).family is Family.OTHER

@@ -95,9 +95,8 @@ class Entry:
     closed: bool
     ttl_s: int | None = None
     expires_at: str | None = None
-    # Record ordinals (``tiered.engine.streams.ordinals``), when the stream keeps them.
-    records: int | None = None
-    first_record: int | None = None
+    # Record ordinals (``tiered.engine.streams.ordinals``) when the stream keeps them: (first, next, count).
+    records: tuple[int, int, int] | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -114,8 +113,7 @@ class Entry:
         if self.expires_at is not None:
             out["expires_at"] = self.expires_at
         if self.records is not None:
-            out["records"] = self.records
-            out["first_record"] = self.first_record
+            out["first_record"], out["next_record"], out["records"] = self.records
         return out
 
 

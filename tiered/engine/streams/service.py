@@ -157,8 +157,17 @@ class StreamService:
     def _entry(self, bucket: str, path: str) -> listing.Entry:
         s = self.state.streams[self.state.paths[(bucket, path)]]
         v = self.view(s)
+        records = self.records(s, v.tail)
         return listing.Entry(
-            path, s.content_type, v.tail, s.retained_from, s.created_ms, v.closed, s.ttl_s, s.expires_at
+            path,
+            s.content_type,
+            v.tail,
+            s.retained_from,
+            s.created_ms,
+            v.closed,
+            s.ttl_s,
+            s.expires_at,
+            None if records is None else (records.first, records.next, records.count),
         )
 
     # ------------------------------------------------------------- retention
