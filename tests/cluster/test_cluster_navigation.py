@@ -1,8 +1,10 @@
-"""Listing streams across two nodes (issue 22): every shard's page merged, the caller's grants judged on each.
+"""Navigation across two nodes (issue 22): listings merged over every shard, ordinals through a handoff.
 
 Two ``tiered serve`` nodes (``l1``, ``l2``), 4 shards split between them, token auth: a listing
 asked of either node scatters to every shard (two of them on the other node, forwarded with the
-caller's credential) and merges the pages by one path cursor.
+caller's credential) and merges the pages by one path cursor. Last, ``l2`` stops and hands its
+shards to ``l1``, which serves the same record ordinals from the shards' WAL chain (object-store
+durability).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.support.deadlines import Deadline
 from tests.support.http_helpers import request, unique
 from tests.support.s3_server import S3Endpoint
 from tests.support.server_process import ServerProcess
+from tiered.cluster.membership.placement import assignment
 from tiered.cluster.membership.shards import shard_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -92,3 +95,39 @@ def test_a_listing_through_either_node_has_every_shards_streams_once(nodes: dict
     for via in (l1, l2):
         assert pages(via, bucket, scoped, 5) == sorted(n for n in names if n.startswith("team/"))
         assert pages(via, bucket, scoped, 5, prefix="other") == []
+
+
+def test_record_ordinals_survive_a_handoff_to_the_other_node(nodes: dict[str, ServerProcess]) -> None:
+    """Ordinals are journal state: the node taking a shard over rebuilds them from the shard's WAL chain.
+
+    Runs last in the module: it stops ``l2``, whose shards ``l1`` then serves.
+    """
+    l1, l2 = nodes["l1"], nodes["l2"]
+    owned_by_l2 = {s for s, owner in enumerate(assignment(SHARDS, ["l1", "l2"])) if owner == "l2"}
+    name = next(
+        n for n in (unique("ord") for _ in range(1000)) if shard_of("default", n, SHARDS) in owned_by_l2
+    )
+    path = f"/v1/stream/{name}"
+    json_ct = {**OPERATOR, "Content-Type": "application/json"}
+    assert call(l1, "PUT", path, json_ct)[0] == 201
+    for batch in ([0, 1], [2], [3, 4, 5]):
+        status, _, _ = request("POST", l1.url + path, json_ct, json.dumps(batch).encode(), timeout=20)
+        assert status == 204
+
+    def records(via: ServerProcess) -> tuple[str, str, str]:
+        deadline = Deadline(60)
+        while True:
+            status, h, _ = request("HEAD", via.url + path, OPERATOR, timeout=20)
+            if status != 503 or deadline.expired():
+                break
+        assert status == 200
+        return h["Stream-Record-First"], h["Stream-Record-Next"], h["Stream-Record-Count"]
+
+    assert records(l1) == ("0", "6", "6")
+    assert l2.stop() == 0  # hands its shards off
+    wait_placed({"l1": l1}, SHARDS, 60, OPERATOR)
+    assert records(l1) == ("0", "6", "6")
+    status, h, body = request("GET", f"{l1.url}{path}?record=2", OPERATOR, timeout=20)
+    assert status == 200 and h["Stream-Record"] == "2" and json.loads(body) == [2, 3, 4, 5]
+    status, h, _ = request("POST", l1.url + path, {**json_ct, "Stream-Record-Match": "6"}, b"[6]", timeout=20)
+    assert status == 204 and h["Stream-Record-Next"] == "7"
