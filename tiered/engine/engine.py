@@ -46,6 +46,7 @@ from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.segments import SegmentReaper
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
+from tiered.engine.streams.listing import StreamDirectory
 from tiered.engine.streams.ordinals import RecordsState
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.reader import StreamReader
@@ -73,7 +74,8 @@ log = logging.getLogger(__name__)
 def new_state(producer_limits: ProducerLimits | None = None) -> StreamState:
     """An empty state with every extension state machine registered."""
     return StreamState(
-        [GroupsState(), SubscriptionState(), AuthState(), TenantState(), RecordsState()], producer_limits
+        [GroupsState(), SubscriptionState(), AuthState(), TenantState(), RecordsState(), StreamDirectory()],
+        producer_limits,
     )
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered.cluster.gateway.scatter import Answer, merge_stream_list
-from tiered.engine.streams.listing import Entry, ListQuery, page
+from tiered.engine.streams.listing import Entry, ListQuery, page, page_sorted
 
 
 def entry(path: str) -> Entry:
@@ -38,6 +38,8 @@ def test_paging_through_merged_pages_lists_every_stream_once_in_order(
         status, merged = merge_stream_list(answers, lambda bucket: 0)
         single = page(list(streams), query, None, entry)
         assert (status, merged) == (200, single)
+        # The engine's own page over its sorted directory is the same page.
+        assert page_sorted(sorted(streams), query, None, lambda p: True, entry) == single
         listed += [row["path"] for row in merged["streams"]]
         if not merged["has_more"]:
             break

@@ -192,3 +192,29 @@ def test_ordinals_match_a_model(json_mode: bool, ops: list[tuple[str, Any]]) -> 
         assert ordinals.offset_of(h.index_of, s.uid, ordinal, s.tail) == start
         assert ordinals.ordinal_containing(h.index_of, s.uid, start, s.tail) == ordinal
     assert ordinals.offset_of(h.index_of, s.uid, len(model), s.tail) == s.tail
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.booleans(), st.sampled_from(["a", "a/b", "b", "c/d", "c", "e"])), max_size=30)
+)
+def test_the_stream_directory_follows_creates_and_deletes(ops: list[tuple[bool, str]]) -> None:
+    """``listing.StreamDirectory``: built lazily, kept sorted, stale paths skipped, rebuilt after restore."""
+    from tiered.engine.streams.listing import StreamDirectory
+
+    h = OrdinalHarness()
+    directory = h.state.extensions[StreamDirectory.name]
+    assert isinstance(directory, StreamDirectory)
+    for i, (create, path) in enumerate(ops):
+        if i == len(ops) // 2:
+            directory.paths_of(B, h.state)  # built halfway: the rest is observed
+        exists = h.state.find(B, path) is not None
+        if create and not exists:
+            h.create(path, content_type="text/plain")
+        elif not create and exists:
+            h.delete(path)
+    live = sorted(p for (b, p) in h.state.paths if b == B)
+    assert [p for p in directory.paths_of(B, h.state) if (B, p) in h.state.paths] == live
+    restored, _ = decode_snapshot(encode_snapshot(h.state, LogPosition(1, 0)), new_state)
+    again = restored.extensions[StreamDirectory.name]
+    assert isinstance(again, StreamDirectory) and again.paths_of(B, restored) == live

@@ -26,6 +26,7 @@ thousand streams per engine (``docs/navigation.md``).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 from tiered.core.errors import bad_request
 from tiered.core.ids import format_offset
 from tiered.core.parsing import query_uint
+from tiered.engine.streams.records import BucketErased, StreamCreated, StreamDeleted, StreamExpired
 
 __all__ = [
     "MAX_LIMIT",
@@ -141,3 +143,93 @@ def page(
         "next_after": rows[-1]["path"] if more else None,
         "limit": query.limit,
     }
+
+
+def page_sorted(
+    paths: Sequence[str],
+    query: ListQuery,
+    prefixes: Sequence[str] | None,
+    live: Callable[[str], bool],
+    describe: Callable[[str], Entry],
+) -> dict[str, Any]:
+    """``page`` over a bucket's paths kept sorted (``StreamDirectory``): a bisect, then only the page's paths.
+
+    ``live(path)``: whether the path holds a live stream (the directory also
+    holds expired and soft-deleted ones until they are journaled gone).
+    """
+    after, prefix = query.after, query.prefix
+    i = bisect_left(paths, prefix) if prefix > after else bisect_right(paths, after)
+    chosen: list[str] = []
+    want = query.limit + 1
+    for j in range(i, len(paths)):  # by index: islice would step through the first i
+        path = paths[j]
+        if not path.startswith(prefix):
+            break  # sorted: past every path with the prefix
+        if (prefixes is None or covered(path, prefixes)) and live(path):
+            chosen.append(path)
+            if len(chosen) == want:
+                break
+    more = len(chosen) > query.limit
+    rows = [describe(path).as_json() for path in chosen[: query.limit]]
+    return {
+        "streams": rows,
+        "has_more": more,
+        "next_after": rows[-1]["path"] if more else None,
+        "limit": query.limit,
+    }
+
+
+class StreamDirectory:
+    """Every bucket's stream paths, sorted: a state extension that observes creates and removals.
+
+    Derived, not journal state of its own: nothing goes in snapshots. It is
+    built from the state's paths on the first listing (``paths_of``), then
+    kept current by the records the state applies, so a page costs a bisect
+    and the page's own paths, not a pass over every stream. A create inserts
+    into a sorted list (a ``memmove`` of the bucket's paths: about a
+    millisecond at a million). A removal only counts: the listing skips paths
+    the state no longer holds (``live``), and the directory is rebuilt once
+    the removed paths are a quarter of it.
+    """
+
+    name = "stream-directory"
+    record_types: tuple[type, ...] = ()
+    observed_types: tuple[type, ...] = (StreamCreated, StreamDeleted, StreamExpired, BucketErased)
+
+    def __init__(self) -> None:
+        self._sorted: dict[str, list[str]] | None = None  # bucket -> paths; None: not built yet
+        self._size = 0
+        self._removed = 0
+
+    def apply(self, record: Any) -> None:
+        raise TypeError(f"the stream directory applies no record of its own ({type(record).__name__})")
+
+    def observe(self, record: Any, state: Any) -> None:
+        by_bucket = self._sorted
+        if by_bucket is None:
+            return  # built from the state when first asked
+        if type(record) is StreamCreated:
+            paths = by_bucket.setdefault(record.bucket, [])
+            i = bisect_left(paths, record.path)
+            if i == len(paths) or paths[i] != record.path:
+                paths.insert(i, record.path)
+                self._size += 1
+        else:  # deleted, expired, erased: skipped by the listing until the next rebuild
+            self._removed += 1
+
+    def paths_of(self, bucket: str, state: Any) -> list[str]:
+        """The bucket's paths, sorted (from ``state.paths`` the first time, and once many were removed)."""
+        if self._sorted is None or self._removed * 4 > self._size + 64:
+            built: dict[str, list[str]] = {}
+            for b, p in state.paths:
+                built.setdefault(b, []).append(p)
+            for paths in built.values():
+                paths.sort()
+            self._sorted, self._size, self._removed = built, len(state.paths), 0
+        return self._sorted.get(bucket, [])
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        self._sorted = None  # rebuilt from the restored state on the next listing

@@ -41,6 +41,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -66,31 +67,31 @@ def message_starts(offset: int, data: bytes, json: bool) -> list[int]:
         return []
     if not json:
         return [offset]
-    starts = [offset]
-    pos = data.find(b"\n")
-    end = len(data) - 1  # the last message's newline ends the data: no message after it
-    while 0 <= pos < end:
-        starts.append(offset + pos + 1)
-        pos = data.find(b"\n", pos + 1)
-    return starts
+    lines = data.split(b"\n")  # each message ends with a newline: the last piece is empty
+    return list(accumulate((len(line) + 1 for line in lines[:-2]), initial=offset))
 
 
 class RecordIndex:
     """One stream's messages still held: ordinals and start offsets, in order; ``next``: the next ordinal."""
 
-    __slots__ = ("ords", "offs", "next", "base")
+    __slots__ = ("ords", "offs", "next", "base", "json")
 
-    def __init__(self, base: int = 0) -> None:
+    def __init__(self, base: int = 0, json: bool = False) -> None:
         self.ords = array("q")
         self.offs = array("q")
         self.base = base  # the first ordinal of the stream's own messages (a fork's: its source's count)
         self.next = base
+        self.json = json  # a JSON stream (its content type never changes): how its messages are found
 
     def add(self, starts: list[int]) -> None:
-        for start in starts:
+        n = len(starts)
+        if n == 1:
             self.ords.append(self.next)
-            self.offs.append(start)
-            self.next += 1
+            self.offs.append(starts[0])
+        else:
+            self.ords.extend(range(self.next, self.next + n))
+            self.offs.extend(starts)
+        self.next += n
 
     def trim_below(self, offset: int) -> None:
         """Forget the messages that start below ``offset`` (retention: whole messages only)."""
@@ -125,12 +126,12 @@ class RecordIndex:
         """How many held messages start in ``[start, end)``."""
         return max(0, bisect_left(self.offs, end) - bisect_left(self.offs, start))
 
-    def packed(self) -> tuple[int, int, bytes, bytes]:
-        return self.base, self.next, self.ords.tobytes(), self.offs.tobytes()
+    def packed(self) -> tuple[int, int, bool, bytes, bytes]:
+        return self.base, self.next, self.json, self.ords.tobytes(), self.offs.tobytes()
 
     @classmethod
-    def unpacked(cls, base: int, next_: int, ords: bytes, offs: bytes) -> RecordIndex:
-        index = cls(base)
+    def unpacked(cls, base: int, next_: int, json: bool, ords: bytes, offs: bytes) -> RecordIndex:
+        index = cls(base, json)
         index.next = next_
         index.ords = array("q", ords)
         index.offs = array("q", offs)
@@ -141,7 +142,7 @@ class RecordIndex:
 
 class _Snapshot(msgspec.Struct, array_like=True):
     version: int
-    indexes: dict[int, tuple[int, int, bytes, bytes]]
+    indexes: dict[int, tuple[int, int, bool, bytes, bytes]]
     parents: dict[int, int]
 
 
@@ -171,11 +172,7 @@ class RecordsState:
         if type(record) is Appended:
             index = self.indexes.get(record.uid)
             if index is not None and record.data:
-                index.add(
-                    message_starts(
-                        record.offset, record.data, is_json(state.streams[record.uid].content_type)
-                    )
-                )
+                index.add(message_starts(record.offset, record.data, index.json))
         elif type(record) is StreamCreated:
             self._created(record, state)
         elif type(record) is RetentionAdvanced:
@@ -202,8 +199,9 @@ class RecordsState:
                 return
             base = source.first_at_or_after(record.fork_offset)
             self.parents[record.uid] = record.fork_source
-        index = self.indexes[record.uid] = RecordIndex(base)
-        index.add(message_starts(record.fork_offset, record.data, is_json(record.content_type)))
+        json = is_json(record.content_type)
+        index = self.indexes[record.uid] = RecordIndex(base, json)
+        index.add(message_starts(record.fork_offset, record.data, json))
 
     def _forget(self, uid: int) -> None:
         self.indexes.pop(uid, None)

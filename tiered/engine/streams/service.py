@@ -146,13 +146,18 @@ class StreamService:
         if bucket not in self.state.buckets:
             raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
         now_ms = self.clock.now_ms()
-        streams = self.state.streams
-        live = (
-            path
-            for (b, path), uid in self.state.paths.items()
-            if b == bucket and not (s := streams[uid]).soft_deleted and not s.expired(now_ms)
-        )
-        return listing.page(live, query, prefixes, lambda path: self._entry(bucket, path))
+        streams, held = self.state.streams, self.state.paths
+
+        def live(path: str) -> bool:
+            uid = held.get((bucket, path))
+            return uid is not None and not (s := streams[uid]).soft_deleted and not s.expired(now_ms)
+
+        directory = self.state.extensions.get(listing.StreamDirectory.name)
+        if isinstance(directory, listing.StreamDirectory):
+            paths = directory.paths_of(bucket, self.state)
+            return listing.page_sorted(paths, query, prefixes, live, lambda path: self._entry(bucket, path))
+        every = (path for (b, path) in held if b == bucket and live(path))  # a state without the directory
+        return listing.page(every, query, prefixes, lambda path: self._entry(bucket, path))
 
     def _entry(self, bucket: str, path: str) -> listing.Entry:
         s = self.state.streams[self.state.paths[(bucket, path)]]
