@@ -18,9 +18,11 @@ whole-segment prefixes of its grants on the bucket, ``None`` for every path:
 the operator, a grant without a prefix, a public-read bucket), so a
 prefix-limited token learns no name outside its prefix, not even how many.
 
-A page costs one pass over the engine's streams (``O(streams)``, then a
-heap of ``limit``): cheap next to the HTTP round trip up to a few hundred
-thousand streams per engine (``docs/navigation.md``).
+The engine pages from its ``StreamDirectory`` (every bucket's paths kept
+sorted, derived from the records the state applies): a bisect to the cursor
+and the page's own paths (``page_sorted``), whatever the bucket holds
+(``docs/navigation.md``). ``page`` does the same over unsorted paths (a pass
+and a heap of ``limit + 1``), for a state without the directory.
 """
 
 from __future__ import annotations
