@@ -208,6 +208,8 @@ SUB_ADMIN = Scope(Kind.BUCKET, _ADMIN, Where.DEFAULT, whole_bucket=True, missing
 GROUP_READ = Scope(Kind.BUCKET, _READ, Where.GROUP, whole_bucket=True, missing=Missing.GROUP)
 GROUP_ADMIN = Scope(Kind.BUCKET, _ADMIN, Where.GROUP, whole_bucket=True, missing=Missing.GROUP)
 GROUP_CREATE = Scope(Kind.BODY, _ADMIN, whole_bucket=True, missing=Missing.BUCKET)
+# Issue 22: any grant on the bucket may list it; the answer shows only the streams its prefixes cover.
+STREAM_LIST = Scope(Kind.BUCKET, _READ, public=True, missing=Missing.BUCKET)
 
 
 # ----------------------------------------------------------------- the table
@@ -295,6 +297,11 @@ ROUTES: tuple[RouteSpec, ...] = (
     _r(F.BUCKET,       "GET",      "/v1/buckets/{bucket}",                            "buckets.describe",                  BUCKET_DESCRIBE, "admin",  NAMED, SCATTER, "describe"),
     _r(F.BUCKET,       "DELETE",   "/v1/buckets/{bucket}",                            "buckets.erase",                     OPERATOR,        None,     NAMED, WIDE),
     _r(F.BUCKET,       "*",        "/v1/buckets/{bucket}",                            None,                                BUCKET_OTHER,    "admin",  NAMED),
+    # Issue 22: a bucket's streams, listed (``tiered.engine.streams.listing``); the default bucket's at /v1/stream.
+    _r(F.STREAMS,      "GET",      "/v1/buckets/{bucket}/streams",                    "buckets.list_streams",              STREAM_LIST,     "admin",  NAMED, SCATTER, "streams"),
+    _r(F.STREAMS,      "*",        "/v1/buckets/{bucket}/streams",                    None,                                STREAM_LIST,     "admin",  NAMED),
+    _r(F.STREAMS,      "GET",      "/v1/stream",                                      "buckets.list_streams",              STREAM_LIST,     "admin",  NAMED, SCATTER, "streams"),
+    _r(F.STREAMS,      "*",        "/v1/stream",                                      None,                                STREAM_LIST,     "admin",  NAMED),
     # Consumer groups.
     _r(F.GROUPS,       "GET",      "/v1/groups",                                      "groups.list_groups",                ANY,             None,     NODE,  SCATTER, "groups"),
     _r(F.GROUPS,       "*",        "/v1/groups",                                      None,                                ANY,             None,     NODE,  HERE),

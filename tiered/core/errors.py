@@ -100,6 +100,8 @@ class ErrorCode(StrEnum):
     SNAPSHOT_NOT_AT_BOUNDARY = "SNAPSHOT_NOT_AT_BOUNDARY"  # 400: the offset splits a message
     # A bug: anything else that escapes a handler (logged with its traceback).
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    # Issue 22: a conditional append whose expected tail is not the stream's (412; context: next_offset).
+    TAIL_MISMATCH = "TAIL_MISMATCH"
 
 
 class TieredError(Exception):

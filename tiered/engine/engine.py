@@ -46,6 +46,8 @@ from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.segments import SegmentReaper
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
+from tiered.engine.streams.listing import StreamDirectory
+from tiered.engine.streams.ordinals import RecordsState
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.reader import StreamReader
 from tiered.engine.streams.service import StreamService
@@ -72,7 +74,10 @@ log = logging.getLogger(__name__)
 
 def new_state(producer_limits: ProducerLimits | None = None) -> StreamState:
     """An empty state with every extension state machine registered."""
-    return StreamState([GroupsState(), SubscriptionState(), AuthState(), TenantState()], producer_limits)
+    return StreamState(
+        [GroupsState(), SubscriptionState(), AuthState(), TenantState(), RecordsState(), StreamDirectory()],
+        producer_limits,
+    )
 
 
 def producer_limits(config: Config) -> ProducerLimits:

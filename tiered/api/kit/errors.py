@@ -88,6 +88,7 @@ STATUS: dict[ErrorCode, int] = {
     C.SNAPSHOT_STALE: 409,
     C.SNAPSHOT_PRECONDITION_FAILED: 412,
     C.SNAPSHOT_NOT_AT_BOUNDARY: 400,
+    C.TAIL_MISMATCH: 412,  # issue 22: conditional appends
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -117,6 +118,10 @@ def error_response(exc: TieredError) -> Response:
         headers["Stream-Next-Offset"] = ctx["next_offset"]
     elif code is C.OFFSET_GONE:
         headers["Stream-Next-Offset"] = ctx["next_offset"]
+    elif code is C.TAIL_MISMATCH:
+        headers["Stream-Next-Offset"] = ctx["next_offset"]
+        if "record_next" in ctx:
+            headers["Stream-Record-Next"] = str(ctx["record_next"])
     elif code is C.STALE_PRODUCER_EPOCH:
         headers["Producer-Epoch"] = str(ctx["epoch"])
     elif code is C.PRODUCER_SEQ_GAP:

@@ -20,6 +20,7 @@ its own parse failed.
 | ``CONTROL`` | anything else under ``/v1/stream/__ds`` | |
 | ``BUCKETS``, ``GROUPS`` | ``/v1/buckets``, ``/v1/groups`` | |
 | ``BUCKET`` | ``/v1/buckets/{bucket}`` | bucket (validated) |
+| ``STREAMS`` | ``/v1/buckets/{bucket}/streams``, ``/v1/stream`` (the default bucket) | bucket (validated) |
 | ``GROUP`` | ``/v1/groups/{group}[/{action}[/...]]`` | ``name`` (validated), ``action``, ``rest`` |
 | ``ADMIN`` | ``/v1/admin/...`` | retention, retain, quotas, access: bucket and stream, decoded (their routes validate them behind the operator's guard) |
 | ``METRICS`` | ``/metrics`` | |
@@ -58,6 +59,7 @@ __all__ = [
     "CONTROL_PREFIX",
     "FORKED_FROM",
     "RESERVED_SEGMENT",
+    "STREAM_LISTING",
     "STREAM_PREFIX",
     "Family",
     "Live",
@@ -72,6 +74,7 @@ __all__ = [
 ]
 
 STREAM_PREFIX = "/v1/stream/"
+STREAM_LISTING = "/v1/stream"  # the default bucket's stream listing
 BUCKETS_PREFIX = "/v1/buckets/"
 GROUPS_PREFIX = "/v1/groups/"
 ADMIN_PREFIX = "/v1/admin/"
@@ -109,6 +112,8 @@ class Family(Enum):
     ADMIN = "admin"
     METRICS = "metrics"
     OTHER = "other"
+    # Issue 22: a bucket's stream listing (``GET /v1/buckets/{b}/streams``, ``GET /v1/stream``).
+    STREAMS = "streams"
 
 
 @dataclass(slots=True)
@@ -227,6 +232,8 @@ def parse_target(method: str, path: str, query: Mapping[str, str], headers: Mapp
     if "%" in path:
         _well_formed(path)
         path = normalize_path(path)
+    if path == STREAM_LISTING:  # no stream has an empty path, so this names none
+        return Target(Family.STREAMS, path, query, bucket=DEFAULT_BUCKET)
     if path.startswith(STREAM_PREFIX):
         if path.startswith(CONTROL_PREFIX) and path[len(CONTROL_PREFIX) : len(CONTROL_PREFIX) + 1] in (
             "",
@@ -238,6 +245,8 @@ def parse_target(method: str, path: str, query: Mapping[str, str], headers: Mapp
         bucket, sep, tail = path[len(BUCKETS_PREFIX) :].partition("/")
         if sep and tail.startswith("stream/"):
             return _stream(method, path, query, headers)
+        if sep and tail == "streams":
+            return Target(Family.STREAMS, path, query, bucket=validate_bucket(bucket))
         if sep or not bucket:
             return Target(Family.OTHER, path, query)  # no such route
         return Target(Family.BUCKET, path, query, bucket=validate_bucket(bucket))

@@ -51,6 +51,10 @@ class AuthView(Protocol):
         """Whether listings may show this bucket (and what lives in it) to the caller."""
         ...
 
+    def stream_prefixes(self, bucket: str) -> tuple[str, ...] | None:
+        """The stream-path prefixes a listing of ``bucket`` shows the caller; None: every stream."""
+        ...
+
 
 class Request:
     """One HTTP request. ``headers.get`` is case-insensitive; ``path`` is still percent-encoded.

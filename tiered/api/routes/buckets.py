@@ -6,6 +6,7 @@
 | ``PUT /v1/buckets/{bucket}`` | create (201; 200 if it exists; 409 if it was erased) |
 | ``GET /v1/buckets/{bucket}`` | describe (creation time, live streams) |
 | ``DELETE /v1/buckets/{bucket}`` | erase: every stream goes, the name is fenced forever (admin) |
+| ``GET /v1/buckets/{bucket}/streams``, ``GET /v1/stream`` | list the bucket's (the default bucket's) streams, a page at a time (``tiered.engine.streams.listing``) |
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.ids import validate_bucket
 from tiered.core.parsing import decode_json
+from tiered.engine.streams.listing import parse_list_query
 from tiered.engine.streams.service import StreamService
 
 
@@ -41,3 +43,13 @@ class BucketRoutes:
     async def erase(self, request: Request) -> Response:
         await self.service.erase_bucket(validate_bucket(request.params["bucket"]))
         return Response(204)
+
+    async def list_streams(self, request: Request) -> Response:
+        """A page of the target bucket's streams, only those the caller's grants cover."""
+        bucket = request.target.bucket
+        assert bucket is not None  # the target parsed it (validated), and the access check judged it
+        query = parse_list_query(request.query)
+        caller = request.auth
+        prefixes = caller.stream_prefixes(bucket) if caller is not None else None
+        page = self.service.list_streams(bucket, query, prefixes)
+        return json_response(page, headers={"Cache-Control": "no-store"})

@@ -28,6 +28,7 @@ from tiered.core.content import is_text_like, json_messages_to_array, valid_medi
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
+from tiered.engine.streams.conditions import parse_expected_offset, parse_record_match
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
 from tiered.engine.streams.protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
@@ -157,10 +158,19 @@ class StreamRoutes:
                 raise bad_request("an append with a body needs a Content-Type")
             if not valid_media_type(content_type):
                 raise bad_request(f"invalid Content-Type {content_type!r}")
+        expected = parse_expected_offset(h)
+        record_match = parse_record_match(h)
         result = await self.service.append(
-            bucket, path, AppendRequest(content_type, body, close, producer, epoch, seq, stream_seq)
+            bucket,
+            path,
+            AppendRequest(
+                content_type, body, close, producer, epoch, seq, stream_seq, expected, record_match
+            ),
         )
         headers = {"Stream-Next-Offset": format_offset(result.tail)}
+        next_record = self.service.record_at(result.stream, result.tail, result.tail)
+        if next_record is not None:
+            headers["Stream-Record-Next"] = str(next_record)
         if result.closed:
             headers["Stream-Closed"] = "true"
         if producer is not None and result.epoch is not None:
@@ -189,6 +199,11 @@ class StreamRoutes:
             headers["Stream-Closed"] = "true"
         headers["Stream-Retained-Offset"] = format_offset(s.retained_from)
         snapshot_headers(s, headers)
+        records = self.service.records(s, v.tail)
+        if records is not None:  # record ordinals (``tiered.engine.streams.ordinals``)
+            headers["Stream-Record-First"] = str(records.first)
+            headers["Stream-Record-Next"] = str(records.next)
+            headers["Stream-Record-Count"] = str(records.count)
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read
@@ -197,15 +212,20 @@ class StreamRoutes:
         q = request.query
         live = request.target.live  # an unknown mode was refused (400) when the target was parsed
         offset_raw = q.get("offset")
+        record_raw = q.get("record")
+        if record_raw is not None and offset_raw is not None:
+            raise bad_request("give offset or record, not both")
         if self.snapshots is not None and wants_snapshot_read(q, offset_raw):  # snapshots, bootstrap
             return await self.snapshots.read(request, bucket, path)
-        if live is not None and offset_raw is None:
+        if live is not None and offset_raw is None and record_raw is None:
             raise bad_request("live reads need an offset")
         service = self.service
         s = service.lookup(bucket, path)
         service.touch(s)
         v = service.view(s)
-        if offset_raw is None or offset_raw == "-1":
+        if record_raw is not None:  # from the N-th message (``tiered.engine.streams.ordinals``)
+            offset = service.record_offset(s, parse_uint(record_raw, "query parameter record"), v.tail)
+        elif offset_raw is None or offset_raw == "-1":
             offset = s.retained_from  # the earliest retained byte
         elif offset_raw == "now":
             offset = v.tail
@@ -235,8 +255,15 @@ class StreamRoutes:
             }
             if v.closed:
                 headers["Stream-Closed"] = "true"
-            return Response(200, headers, b"[]" if s.json else b"")
+            return self._with_record(Response(200, headers, b"[]" if s.json else b""), s, v.tail, v.tail)
         return await self._chunk_response(request, s, offset, cursor=None)
+
+    def _with_record(self, response: Response, s: Stream, offset: int, tail: int) -> Response:
+        """``Stream-Record``: the ordinal of the message a read's first byte belongs to (the next one at the tail)."""
+        ordinal = self.service.record_at(s, offset, tail)
+        if ordinal is not None:
+            response.headers["Stream-Record"] = str(ordinal)
+        return response
 
     async def _read_chunk(
         self, s: Stream, offset: int, *, whole_chars: bool = False
@@ -258,7 +285,7 @@ class StreamRoutes:
 
     async def _chunk_response(self, request: Request, s: Stream, offset: int, cursor: str | None) -> Response:
         data, end, up_to_date, closed = await self._read_chunk(s, offset)
-        return chunk_response(
+        response = chunk_response(
             request.headers.get("If-None-Match"),
             s.uid,
             s.content_type,
@@ -270,6 +297,7 @@ class StreamRoutes:
             closed=closed,
             cursor=cursor,
         )
+        return self._with_record(response, s, offset, max(end, offset))
 
     def _locator(self, request: Request, s: Stream, tail: int, offset: int) -> Response | None:
         """A peer node's catch-up read (``Tiered-Locator: 1``) that is all cold: its locator instead of bytes.
@@ -314,7 +342,7 @@ class StreamRoutes:
             if offset < v.tail:
                 return await self._chunk_response(request, s, offset, cursor)
             if v.closed:
-                return Response(
+                closed = Response(
                     204,
                     {
                         "Stream-Next-Offset": format_offset(v.tail),
@@ -322,10 +350,11 @@ class StreamRoutes:
                         "Stream-Closed": "true",
                     },
                 )
+                return self._with_record(closed, s, v.tail, v.tail)
             remaining = deadline - clock.monotonic()
             # A credential that ended answers like a timeout: the next request gets its 401.
             if remaining <= 0 or service.closing or (lease is not None and lease.end_reason() is not None):
-                return Response(
+                timed_out = Response(
                     204,
                     {
                         "Stream-Next-Offset": format_offset(v.tail),
@@ -333,6 +362,7 @@ class StreamRoutes:
                         "Stream-Cursor": cursor,
                     },
                 )
+                return self._with_record(timed_out, s, v.tail, v.tail)
             await _wait(service, s, offset, remaining, lease)
             if not service.still_live(s):
                 raise TieredError(ErrorCode.STREAM_NOT_FOUND, "stream was deleted")
@@ -351,9 +381,10 @@ class StreamRoutes:
             # Read before the 200 goes out: damage or an outage here is an ordinary error answer.
             first = await self._read_chunk(s, offset, whole_chars=not binary)
         lease = request.auth.lease if request.auth is not None else None
-        return Response(
+        response = Response(
             200, headers, self._sse_events(s, offset, binary, first, request.query.get("cursor"), lease)
         )
+        return self._with_record(response, s, offset, self.service.view(s).tail)
 
     async def _sse_events(
         self,

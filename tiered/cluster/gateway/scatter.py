@@ -18,6 +18,7 @@ fan-out is ``SCATTER``, for the methods they name (a ``HEAD`` served as a
 | ``GET /v1/admin/usage`` | one row per bucket, every counter and gauge summed, ``erased`` if any shard says so |
 | ``POST /v1/admin/gc`` | one report: counts summed, lists joined, started at the first, finished at the last |
 | ``GET /v1/admin/gc`` | pending deletions and lifetime totals summed, the last passes merged as above |
+| ``GET /v1/buckets/{b}/streams``, ``GET /v1/stream`` | the first ``limit`` paths of the shards' pages (each its first ``limit`` after the cursor) |
 
 Any shard's refusal is the answer (the lowest shard's first), except that a
 usage query for one bucket ignores shards that never heard of it (404) unless
@@ -46,6 +47,7 @@ __all__ = [
     "merge_gc_report",
     "merge_gc_status",
     "merge_groups",
+    "merge_stream_list",
     "merge_usage",
     "plan_of",
     "scatter_plan",
@@ -149,6 +151,31 @@ def merge_usage(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
     return 200, {"buckets": [row for _, row in sorted(rows.items())]}
 
 
+def merge_stream_list(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
+    """Each shard's first ``limit`` paths after the cursor, merged: the first ``limit`` of their union.
+
+    A stream lives in one shard, so the union's first ``limit`` are the
+    bucket's; the cursor (the page's last path) needs no per-shard state.
+    """
+    ordered = sorted(answers, key=lambda a: a.shard)
+    limit = int(ordered[0].body["limit"])
+    rows: dict[str, dict[str, Any]] = {}
+    more = False
+    for a in ordered:
+        more = more or bool(a.body["has_more"])
+        for row in a.body["streams"]:
+            rows.setdefault(row["path"], row)
+    paths = sorted(rows)
+    more = more or len(paths) > limit
+    page = [rows[p] for p in paths[:limit]]
+    return 200, {
+        "streams": page,
+        "has_more": more,
+        "next_after": page[-1]["path"] if more and page else None,
+        "limit": limit,
+    }
+
+
 def _merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out = dict(reports[0])
     for report in reports[1:]:
@@ -208,6 +235,7 @@ PLANS: dict[str, ScatterPlan] = {
         ScatterPlan("gc", merge_gc_report),
         ScatterPlan("gc-status", merge_gc_status),
         ScatterPlan("erasure", merge_erasure, _NO_STORE),
+        ScatterPlan("streams", merge_stream_list, _NO_STORE),  # issue 22
     )
 }
 

@@ -170,6 +170,27 @@ def visible(principal: Principal | None, bucket: str, *, public_read: bool = Fal
     return principal is not None and any(g.bucket == bucket for g in principal.grants)
 
 
+def listing_prefixes(
+    principal: Principal | None, bucket: str, *, public_read: bool = False
+) -> tuple[str, ...] | None:
+    """The stream-path prefixes a listing of ``bucket`` shows this caller; None: every path.
+
+    Every level includes read, so any grant on the bucket counts; one without
+    a prefix (or the operator, or a public-read bucket) shows every stream.
+    A caller with no grant on the bucket sees nothing (the access check hid the
+    bucket from it already).
+    """
+    if public_read or (principal is not None and principal.operator):
+        return None
+    prefixes: list[str] = []
+    for g in principal.grants if principal is not None else ():
+        if g.bucket == bucket:
+            if g.prefix is None:
+                return None
+            prefixes.append(g.prefix)
+    return tuple(prefixes)
+
+
 # Refusals (``challenge`` becomes the HTTP challenge header, in tiered.api.kit.errors).
 CHALLENGE = 'Bearer realm="tiered"'
 INVALID_CHALLENGE = 'Bearer realm="tiered", error="invalid_token"'

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tiered.core.content import media_type
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
-from tiered.engine.streams import producers
+from tiered.engine.streams import conditions, producers
 from tiered.engine.streams.model import AppendRequest, Duplicate, Stream
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.records import Appended, ProducersExpired
@@ -71,6 +71,8 @@ def check_append(s: Stream, req: AppendRequest, now_ms: int, limits: ProducerLim
                 expected_seq=p.last_seq + 1,
                 received_seq=req.seq,
             )
+    # After a producer's duplicate: its own append moved the tail (``conditions``).
+    conditions.check_expected_offset(s.tail, req.expected_offset)
     if req.stream_seq is not None and s.stream_seq is not None and req.stream_seq <= s.stream_seq:
         raise TieredError(ErrorCode.STREAM_SEQ_REGRESSION, "Stream-Seq must increase")
     return Appended(

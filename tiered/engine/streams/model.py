@@ -276,6 +276,8 @@ class AppendRequest:
     epoch: int = 0
     seq: int = 0
     stream_seq: str | None = None
+    expected_offset: int | None = None  # issue 22: ``Stream-Expected-Offset`` (``conditions``)
+    expected_record: int | None = None  # issue 22: ``Stream-Record-Match`` (``conditions``, ``ordinals``)
 
 
 @dataclass(frozen=True, slots=True)

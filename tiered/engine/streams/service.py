@@ -9,7 +9,7 @@ is durable. Reads stay within what is durable (``Visibility``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.engine.journal.committer import Committer
-from tiered.engine.streams import appends, lifecycle
+from tiered.engine.streams import appends, conditions, lifecycle, listing, ordinals
 from tiered.engine.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
 from tiered.engine.streams.producers import ProducerChange
 from tiered.engine.streams.reader import StreamReader
@@ -138,6 +138,42 @@ class StreamService:
 
     def list_buckets(self) -> list[dict[str, Any]]:
         return [{"name": name, "created_ms": ts} for name, ts in sorted(self.state.buckets.items())]
+
+    def list_streams(
+        self, bucket: str, query: listing.ListQuery, prefixes: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """One page of a bucket's live streams (``tiered.engine.streams.listing``); ``prefixes``: the caller's."""
+        if bucket not in self.state.buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
+        now_ms = self.clock.now_ms()
+        streams, held = self.state.streams, self.state.paths
+
+        def live(path: str) -> bool:
+            uid = held.get((bucket, path))
+            return uid is not None and not (s := streams[uid]).soft_deleted and not s.expired(now_ms)
+
+        directory = self.state.extensions.get(listing.StreamDirectory.name)
+        if isinstance(directory, listing.StreamDirectory):
+            paths = directory.paths_of(bucket, self.state)
+            return listing.page_sorted(paths, query, prefixes, live, lambda path: self._entry(bucket, path))
+        every = (path for (b, path) in held if b == bucket and live(path))  # a state without the directory
+        return listing.page(every, query, prefixes, lambda path: self._entry(bucket, path))
+
+    def _entry(self, bucket: str, path: str) -> listing.Entry:
+        s = self.state.streams[self.state.paths[(bucket, path)]]
+        v = self.view(s)
+        records = self.records(s, v.tail)
+        return listing.Entry(
+            path,
+            s.content_type,
+            v.tail,
+            s.retained_from,
+            s.created_ms,
+            v.closed,
+            s.ttl_s,
+            s.expires_at,
+            None if records is None else (records.first, records.next, records.count),
+        )
 
     # ------------------------------------------------------------- retention
 
@@ -291,6 +327,8 @@ class StreamService:
                 decided = appends.check_append(s, req, self.clock.now_ms(), self.state.producer_limits)
                 change = None
                 if not isinstance(decided, Duplicate):
+                    if req.expected_record is not None:  # after the append rules (``conditions``)
+                        conditions.check_record_match(self.next_record(s), s.tail, req.expected_record)
                     change = appends.producer_change(self.state, s, decided)
                     if self.gate is not None:
                         self.gate.admit(
@@ -406,3 +444,57 @@ class StreamService:
     def still_live(self, s: Stream) -> bool:
         """The stream a live reader holds was not deleted (or erased) meanwhile."""
         return self.state.streams.get(s.uid) is s and not s.soft_deleted
+
+    # ------------------------------------------------------------- record ordinals (``ordinals``)
+
+    def _index_of(self, uid: int) -> tuple[ordinals.RecordIndex, int | None, int] | None:
+        records = self.state.extensions.get(ordinals.NAME)
+        if not isinstance(records, ordinals.RecordsState):
+            return None
+        index = records.indexes.get(uid)
+        if index is None:
+            return None
+        s = self.state.streams[uid]
+        return index, (s.fork_source if uid in records.parents else None), s.fork_offset
+
+    def records(self, s: Stream, tail: int) -> ordinals.RecordView | None:
+        """First retained, next and count of ``s``'s record ordinals as of ``tail``; None: it keeps none."""
+        return ordinals.view(self._index_of, s.uid, s.retained_from, tail)
+
+    def record_at(self, s: Stream, offset: int, tail: int) -> int | None:
+        """The ordinal of the message the byte at ``offset`` belongs to (the next one at ``tail``)."""
+        if self._index_of(s.uid) is None:
+            return None
+        return ordinals.ordinal_containing(self._index_of, s.uid, offset, tail)
+
+    def next_record(self, s: Stream) -> int | None:
+        """The ordinal the next message appended to ``s`` gets (appends in flight counted)."""
+        found = self._index_of(s.uid)
+        return None if found is None else found[0].next
+
+    def record_offset(self, s: Stream, ordinal: int, tail: int) -> int:
+        """Where a read of ``?record=ordinal`` starts: its message, or the next one that survives compaction.
+
+        400 on a stream without ordinals or beyond the next ordinal; 410 below the first retained one.
+        """
+        view = self.records(s, tail)
+        if view is None:
+            raise TieredError(
+                ErrorCode.BAD_REQUEST,
+                "this stream keeps no record ordinals (it was created before they were kept)",
+            )
+        if ordinal < view.first:
+            raise TieredError(
+                ErrorCode.OFFSET_GONE,
+                f"record {ordinal} is no longer retained; the first retained record is {view.first}, "
+                "at Stream-Next-Offset",
+                next_offset=format_offset(s.retained_from),
+                first_record=view.first,
+            )
+        offset = ordinals.offset_of(self._index_of, s.uid, ordinal, tail)
+        if offset is None:
+            raise TieredError(
+                ErrorCode.OFFSET_BEYOND_TAIL,
+                f"record {ordinal} is beyond the stream's next record {view.next}",
+            )
+        return max(offset, s.retained_from)

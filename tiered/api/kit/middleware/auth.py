@@ -30,6 +30,7 @@ from tiered.engine.auth.credentials import (
     Verdict,
     authorize,
     forbidden,
+    listing_prefixes,
     unauthenticated,
     visible,
 )
@@ -52,6 +53,9 @@ class _Caller:
 
     def visible(self, bucket: str) -> bool:
         return visible(self.principal, bucket, public_read=self._service.public_read(bucket))
+
+    def stream_prefixes(self, bucket: str) -> tuple[str, ...] | None:
+        return listing_prefixes(self.principal, bucket, public_read=self._service.public_read(bucket))
 
 
 def _check(service: AuthService, principal: Principal | None, access: Access) -> None:

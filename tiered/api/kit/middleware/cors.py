@@ -32,6 +32,9 @@ ALLOWED_HEADERS = ", ".join(
         # Stream snapshots (tiered/api/routes/snapshots.py).
         "If-Match",
         "Stream-Snapshot-Retain",
+        # Issue 22: conditional appends.
+        "Stream-Expected-Offset",
+        "Stream-Record-Match",
     ]
 )
 _PREFLIGHT = {

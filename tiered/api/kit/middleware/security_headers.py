@@ -27,6 +27,11 @@ EXPOSED_HEADERS = ", ".join(
         # Stream snapshots (tiered/api/routes/snapshots.py).
         "Stream-Snapshot-Offset",
         "Stream-Snapshot-ETag",
+        # Issue 22: record ordinals.
+        "Stream-Record",
+        "Stream-Record-First",
+        "Stream-Record-Next",
+        "Stream-Record-Count",
     ]
 )
 SECURITY_HEADERS = {
