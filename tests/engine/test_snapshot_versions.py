@@ -118,6 +118,10 @@ def test_a_version_4_snapshot_loads_as_the_state_it_holds() -> None:
     restored, position = decode_snapshot(data, new_state)
     assert position == LogPosition(7, 4096)
     expected = history()
+    # Integrity digests came later: streams of version-4 data have none (and are not checked by them).
+    assert all(s.integrity is None for s in restored.streams.values())
+    for s in expected.streams.values():
+        s.integrity = None
     assert fingerprint(restored) == fingerprint(expected)
     assert restored.hot_bytes == expected.hot_bytes
     # Derived and soft state is rebuilt: producers' cost, object references, the touch throttle.
