@@ -322,6 +322,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     _r(F.ADMIN,        "POST",     "/v1/admin/gc",                                    "admin.run_gc",                      OPERATOR,        None,     NAMED, SCATTER, "gc"),
     _r(F.ADMIN,        "GET",      "/v1/admin/gc",                                    "admin.gc_status",                   OPERATOR,        None,     NAMED, SCATTER, "gc-status"),
     _r(F.ADMIN,        "*",        "/v1/admin/gc",                                    None,                                OPERATOR,        None,     NAMED, HERE),
+    # Integrity digests (issue 22): a bucket's, with each of its streams' (not in /metrics: cardinality).
+    _r(F.ADMIN,        "GET",      "/v1/admin/integrity/{bucket}",                    "admin.integrity",                   OPERATOR,        None,     NAMED, SCATTER, "integrity"),
+    _r(F.ADMIN,        "*",        "/v1/admin/integrity/{bucket}",                    None,                                OPERATOR,        None,     NAMED, HERE),
     _r(F.METRICS,      "GET",      "/metrics",                                        "admin.metrics",                     OPERATOR,        None,     NODE,  HERE),
     _r(F.METRICS,      "*",        "/metrics",                                        None,                                OPERATOR,        None,     NODE,  HERE),
     _r(F.OTHER,        "GET",      "/healthz",                                        "admin.health",                      OPEN,            None,     NODE,  HERE),

@@ -11,6 +11,8 @@ Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``; the route 
   advance a stream's earliest retained offset (never backwards);
 * ``POST /v1/admin/gc[?dry_run=true|false]``: run one GC pass now, return its report;
 * ``GET /v1/admin/gc``: the last report, pending deletions, lifetime counters;
+* ``GET /v1/admin/integrity/{bucket}``: the bucket's integrity digests (the sum of its
+  streams') and each stream's (``tiered.engine.streams.integrity``; docs/integrity.md);
 * ``GET /metrics``: Prometheus text.
 
 Open: ``GET /healthz`` (liveness) and ``GET /readyz`` (readiness).
@@ -28,6 +30,7 @@ from tiered.api.kit.types import Request, Response, json_response
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.core.parsing import UInt, decode_body, query_flag
+from tiered.engine.streams import integrity
 from tiered.engine.streams.service import StreamService
 from tiered.gc.runner import GcRunner
 
@@ -122,6 +125,15 @@ class AdminRoutes:
                 "last_pass": gc.last_report.to_json() if gc.last_report else None,
             }
         )
+
+    # -------------------------------------------------------------- integrity
+
+    async def integrity(self, request: Request) -> Response:
+        bucket = validate_bucket(request.params["bucket"])
+        state = self.streams.state
+        if bucket not in state.buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
+        return json_response(integrity.bucket_json(integrity.bucket_view(state, bucket)))
 
     # -------------------------------------------------------------- operations
 

@@ -27,6 +27,7 @@ from tiered.core.content import is_text_like, json_messages_to_array, valid_medi
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
+from tiered.engine.streams import integrity
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
 from tiered.engine.streams.protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
@@ -183,6 +184,9 @@ class StreamRoutes:
         if v.closed:
             headers["Stream-Closed"] = "true"
         headers["Stream-Retained-Offset"] = format_offset(s.retained_from)
+        digests = integrity.view(s)
+        if digests is not None:  # none for a stream from data written before digests were kept
+            headers["Stream-Integrity"] = digests.header()
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read

@@ -310,6 +310,23 @@ class BucketIntegrity:
     streams: list[tuple[Stream, IntegrityView | None]]
 
 
+def bucket_json(b: BucketIntegrity) -> dict[str, object]:
+    """The admin route's body: the bucket's sums, then each stream's (``integrity`` null: no digests)."""
+    return {
+        "bucket": b.bucket,
+        "integrity": b.total.as_json(),
+        "streams": [
+            {
+                "path": s.path,
+                "incarnation": s.incarnation,
+                "soft_deleted": s.soft_deleted,
+                "integrity": v.as_json() if v is not None else None,
+            }
+            for s, v in b.streams
+        ],
+    }
+
+
 def bucket_view(state: StreamState, bucket: str) -> BucketIntegrity:
     """Every stream the state holds in ``bucket`` (soft-deleted sources too: they hold data), by path."""
     rows = sorted(
