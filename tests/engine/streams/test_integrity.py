@@ -159,7 +159,12 @@ class Run:
 
 
 op = st.one_of(
-    st.tuples(st.just("append"), st.sampled_from(BUCKETS), st.sampled_from(PATHS), st.binary(min_size=1, max_size=12)),
+    st.tuples(
+        st.just("append"),
+        st.sampled_from(BUCKETS),
+        st.sampled_from(PATHS),
+        st.binary(min_size=1, max_size=12),
+    ),
     st.tuples(st.just("copy"), st.sampled_from(BUCKETS), st.sampled_from(PATHS), st.integers(1, 4)),
     st.tuples(st.just("retain"), st.sampled_from(BUCKETS), st.sampled_from(PATHS), st.floats(0, 1)),
     st.tuples(st.just("delete"), st.sampled_from(BUCKETS), st.sampled_from(PATHS)),
