@@ -34,7 +34,8 @@ DOMAIN = b"tiered.record.v1\n"
 MODULUS = 1 << 256
 MASK = MODULUS - 1
 
-_RANGE = struct.Struct(">QQ")
+_pack_range = struct.Struct(">QQ").pack
+_from_bytes = int.from_bytes
 
 
 def _name(value: str) -> bytes:
@@ -57,9 +58,9 @@ class RecordHasher:
 
     def __call__(self, start: int, data: bytes | memoryview) -> int:
         h = self._base.copy()
-        h.update(_RANGE.pack(start, start + len(data)))
+        h.update(_pack_range(start, start + len(data)))
         h.update(data)
-        return int.from_bytes(h.digest(), "big")
+        return _from_bytes(h.digest(), "big")
 
 
 def record_hash(bucket: str, stream: str, incarnation: int, start: int, data: bytes | memoryview) -> int:

@@ -147,18 +147,15 @@ def fresh(s: Stream) -> None:
     s.integrity.counted_from = s.fork_offset
 
 
-def _hasher(s: Stream, integ: StreamIntegrity) -> RecordHasher:
-    if integ.hasher is None:
-        integ.hasher = RecordHasher(s.bucket, s.path, s.incarnation)
-    return integ.hasher
-
-
 def note_record(s: Stream, start: int, data: bytes) -> None:
     """A record ``data`` at ``start`` was applied: it is live."""
     integ = s.integrity
     if integ is None or not data:
         return
-    h = _hasher(s, integ)(start, data)
+    hasher = integ.hasher
+    if hasher is None:
+        hasher = integ.hasher = RecordHasher(s.bucket, s.path, s.incarnation)
+    h = hasher(start, data)
     integ.live = (integ.live + h) & MASK
     integ.live_records += 1
     integ.live_bytes += len(data)
