@@ -11,9 +11,16 @@ Two measurements (figures in docs/benchmarks.md, "Integrity digests"):
    ``--seconds`` per round; rounds alternate digests on / off (off: ``note_record`` replaced by a
    no-op, the only hook that runs per append) so both see the same machine load; medians.
 
-Loopback-free (no sockets), bounded in time: ``--rounds`` x 2 x ``--seconds``.
+3. With ``--http``: the real append path, a ``tiered serve`` child (digests on, or off: the same
+   hook replaced by a no-op in that process before it starts) on a free 127.0.0.1 port, loaded by
+   wrk (``bench/wrk/append.lua``) for ``--seconds``; appends per second and per CPU second of the
+   server process (``/proc/PID/stat``: user + system time, which the machine's other load
+   disturbs far less than wall time), rounds alternating on / off.
+
+Bounded in time: ``--rounds`` x 2 x ``--seconds`` (plus start-up); loopback only.
 
     python bench/integrity_cost.py --json bench/results/integrity.json
+    python bench/integrity_cost.py --http --json bench/results/integrity-http.json
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import timeit
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +68,7 @@ def function_cost(sizes: list[int]) -> dict[str, float]:
         best = min(timeit.repeat(once, number=n, repeat=5)) / n
         out[str(size)] = round(best * 1e6, 3)
         assert s.integrity is not None
-        s.integrity.hot_starts, s.integrity.hot_ends, s.integrity.hot_hashes = (
-            s.integrity.hot_starts[:0],
-            s.integrity.hot_ends[:0],
-            [],
-        )
+        s.integrity.hot.clear()
     return out
 
 
@@ -108,6 +115,74 @@ async def append_round(data_dir: Path, args: argparse.Namespace, on: bool) -> tu
         await engine.stop()
 
 
+# The server, started with the digest hook replaced by a no-op when its first argument is "off".
+_SERVE = (
+    "import sys\n"
+    "from tiered.engine.streams import appends, lifecycle\n"
+    "if sys.argv.pop(1) == 'off':\n"
+    "    appends.integrity.note_record = lifecycle.integrity.note_record = lambda s, start, data: None\n"
+    "from tiered.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def http_round(data_dir: Path, args: argparse.Namespace, on: bool) -> tuple[float, float]:
+    """One round against a fresh server: appends per wall second, and per server CPU second."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compare import free_port, stop_process_group
+
+    port = free_port()
+    cmd = [sys.executable, "-c", _SERVE, "on" if on else "off", "serve", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--data-dir", str(data_dir), "--fsync", args.fsync]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the server did not start") from None
+                time.sleep(0.1)
+        for i in range(args.streams):
+            req = urllib.request.Request(
+                f"{base}/v1/stream/bench-{i}", method="PUT", headers={"Content-Type": OCTET}
+            )
+            urllib.request.urlopen(req, timeout=10).close()
+        script = str(Path(__file__).resolve().parent / "wrk" / "append.lua")
+        wrk = [
+            "wrk",
+            "-t2",
+            f"-c{args.concurrency}",
+            f"-d{max(1, round(args.seconds))}s",
+            "-s",
+            script,
+            f"{base}/v1/stream",
+        ]
+        wrk += ["--", f"streams={args.streams}", f"size={args.body}", "prefix=bench-", "threads=2"]
+        cpu = _cpu_seconds(proc.pid)
+        out = subprocess.run(wrk, capture_output=True, text=True, timeout=args.seconds + 60).stdout
+        cpu = _cpu_seconds(proc.pid) - cpu
+        m = re.search(r"^BENCH_RESULT (.*)$", out, re.M)
+        if m is None:
+            raise RuntimeError(f"wrk printed no result:\n{out}")
+        result = json.loads(m.group(1))
+        if result["non2xx"] or any(result["socket_errors"].values()):
+            raise RuntimeError(f"appends failed: {result}")
+        ok = int(result["ok"])
+        return ok / (result["duration_us"] / 1e6), ok / cpu
+    finally:
+        stop_process_group(proc)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -119,6 +194,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per setting (alternating)")
     parser.add_argument("--fsync", default="always", choices=("always", "interval"))
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--http", action="store_true", help="measure a tiered serve child under wrk load")
     args = parser.parse_args()
 
     results: dict[str, Any] = {"function_us": function_cost(sorted({256, 4096, 65536, args.body}))}
@@ -127,9 +203,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tiered-integrity-bench-") as tmp:
         for r in range(args.rounds):
             for setting in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                rate, cpu_rate = asyncio.run(
-                    append_round(Path(tmp) / f"{setting}-{r}", args, setting == "on")
-                )
+                where, on_ = Path(tmp) / f"{setting}-{r}", setting == "on"
+                if args.http:
+                    if shutil.which("wrk") is None:
+                        raise SystemExit("--http needs wrk on PATH")
+                    rate, cpu_rate = http_round(where, args, on_)
+                else:
+                    rate, cpu_rate = asyncio.run(append_round(where, args, on_))
                 rates[setting].append(round(rate, 1))
                 per_cpu[setting].append(round(cpu_rate, 1))
                 print(

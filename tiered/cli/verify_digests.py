@@ -142,7 +142,7 @@ def check_stream(s: Stream, hot_dir: Path, tally: DigestTally) -> None:
                 f"the journal's digest is {_describe(want)}"
             )
         live = _add(live, got)
-    kept = dict(zip(integ.hot_starts, zip(integ.hot_ends, integ.hot_hashes, strict=True), strict=True))
+    kept = {start: (end, h) for start, end, h in integ.hot}
     for start, end, h in _hot_records(s, integ, hot_dir, tally):
         want_hot = kept.pop(start, None)
         if want_hot is None:

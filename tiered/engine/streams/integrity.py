@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 class StreamIntegrity:
     """One stream's digests and counts, and what it needs to release records later.
 
-    ``hot_*``: records not yet cold, in offset order (start, end, hash).
+    ``hot``: records not yet cold, in offset order: (start, end, hash).
     ``cold``: per cold reference (keyed by its start offset): (digest, records, bytes).
     """
 
@@ -60,9 +60,7 @@ class StreamIntegrity:
         "released_records",
         "released_bytes",
         "counted_from",
-        "hot_starts",
-        "hot_ends",
-        "hot_hashes",
+        "hot",
         "cold",
         "hasher",
     )
@@ -75,9 +73,7 @@ class StreamIntegrity:
         self.released_records = 0
         self.released_bytes = 0
         self.counted_from = 0
-        self.hot_starts = array("q")
-        self.hot_ends = array("q")
-        self.hot_hashes: list[int] = []
+        self.hot: list[tuple[int, int, int]] = []
         self.cold: dict[int, tuple[int, int, int]] = {}
         self.hasher: RecordHasher | None = None  # soft: built on first use
 
@@ -100,9 +96,9 @@ class StreamIntegrity:
             self.released_records,
             self.released_bytes,
             self.counted_from,
-            self.hot_starts.tobytes(),
-            self.hot_ends.tobytes(),
-            b"".join(digest_bytes(h) for h in self.hot_hashes),
+            array("q", [r[0] for r in self.hot]).tobytes(),
+            array("q", [r[1] for r in self.hot]).tobytes(),
+            b"".join(digest_bytes(r[2]) for r in self.hot),
             [[start, digest_bytes(d), n, size] for start, (d, n, size) in self.cold.items()],
         ]
 
@@ -117,12 +113,11 @@ class StreamIntegrity:
         out.released = int.from_bytes(obj[3], "big")
         out.released_records, out.released_bytes = int(obj[4]), int(obj[5])
         out.counted_from = int(obj[6])
-        out.hot_starts = array("q", obj[7])
-        out.hot_ends = array("q", obj[8])
-        raw = bytes(obj[9])
-        out.hot_hashes = [int.from_bytes(raw[i : i + 32], "big") for i in range(0, len(raw), 32)]
-        if not len(out.hot_starts) == len(out.hot_ends) == len(out.hot_hashes):
+        starts, ends, raw = array("q", obj[7]), array("q", obj[8]), bytes(obj[9])
+        hashes = [int.from_bytes(raw[i : i + 32], "big") for i in range(0, len(raw), 32)]
+        if not len(starts) == len(ends) == len(hashes):
             raise ValueError("integrity: hot records of unequal lengths")
+        out.hot = list(zip(starts, ends, hashes, strict=True))
         out.cold = {int(s): (int.from_bytes(d, "big"), int(n), int(b)) for s, d, n, b in obj[10]}
         return out
 
@@ -159,9 +154,15 @@ def note_record(s: Stream, start: int, data: bytes) -> None:
     integ.live = (integ.live + h) & MASK
     integ.live_records += 1
     integ.live_bytes += len(data)
-    integ.hot_starts.append(start)
-    integ.hot_ends.append(start + len(data))
-    integ.hot_hashes.append(h)
+    integ.hot.append((start, start + len(data), h))
+
+
+def hot_digests(s: Stream) -> dict[tuple[int, int], int]:
+    """The hash of each record not yet cold, by its ``(start, end)`` (empty without digests)."""
+    integ = s.integrity
+    if integ is None:
+        return {}
+    return {(start, end): h for start, end, h in integ.hot}
 
 
 def note_cold(s: Stream, start: int, end: int) -> None:
@@ -169,18 +170,18 @@ def note_cold(s: Stream, start: int, end: int) -> None:
     integ = s.integrity
     if integ is None:
         return
-    starts, ends, hashes = integ.hot_starts, integ.hot_ends, integ.hot_hashes
+    hot = integ.hot
     i = 0
-    while i < len(starts) and starts[i] < start:
+    while i < len(hot) and hot[i][0] < start:
         i += 1
     j = i
     digest = size = 0
-    while j < len(starts) and ends[j] <= end:
-        digest += hashes[j]
-        size += ends[j] - starts[j]
+    while j < len(hot) and hot[j][1] <= end:
+        digest += hot[j][2]
+        size += hot[j][1] - hot[j][0]
         j += 1
     integ.cold[start] = (digest & MASK, j - i, size)
-    del starts[i:j], ends[i:j], hashes[i:j]
+    del hot[i:j]
 
 
 def note_release(s: Stream, before: Iterable[ColdRef], kept: Sequence[ColdRef]) -> None:
@@ -205,20 +206,22 @@ def note_hot_release(s: Stream) -> None:
     integ = s.integrity
     if integ is None:
         return
-    starts, ends, hashes = integ.hot_starts, integ.hot_ends, integ.hot_hashes
+    hot = integ.hot
     n = 0
-    while n < len(starts) and starts[n] < s.keep_start:
-        integ._release(hashes[n], 1, ends[n] - starts[n])
-        integ.counted_from = max(integ.counted_from, ends[n])
+    while n < len(hot) and hot[n][0] < s.keep_start:
+        start, end, h = hot[n]
+        integ._release(h, 1, end - start)
+        integ.counted_from = max(integ.counted_from, end)
         n += 1
     if n:
-        del starts[:n], ends[:n], hashes[:n]
+        del hot[:n]
     if s.keep_end is not None:
-        m = len(starts)
-        while m > 0 and starts[m - 1] >= s.keep_end:
+        m = len(hot)
+        while m > 0 and hot[m - 1][0] >= s.keep_end:
             m -= 1
-            integ._release(hashes[m], 1, ends[m] - starts[m])
-        del starts[m:], ends[m:], hashes[m:]
+            start, end, h = hot[m]
+            integ._release(h, 1, end - start)
+        del hot[m:]
 
 
 # ------------------------------------------------------------------ views
