@@ -68,6 +68,7 @@ from tiered.core.record_digest import RecordHasher, digest_bytes
 
 __all__ = [
     "CHUNK_SCHEMA",
+    "INTEGRITY_KEY",
     "ByteCache",
     "ChunkIndex",
     "ChunkRange",
