@@ -193,6 +193,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per setting (alternating)")
     parser.add_argument("--fsync", default="always", choices=("always", "interval"))
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted rounds first")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--http", action="store_true", help="measure a tiered serve child under wrk load")
     args = parser.parse_args()
@@ -201,7 +202,9 @@ def main() -> int:
     rates: dict[str, list[float]] = {"on": [], "off": []}
     per_cpu: dict[str, list[float]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="tiered-integrity-bench-") as tmp:
-        for r in range(args.rounds):
+        # Round -1 warms up (caches, bytecode, the disk) and is not counted: the first round of a run
+        # is the slowest, and without it the setting that runs first would carry that.
+        for r in range(-args.warmup, args.rounds):
             for setting in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 where, on_ = Path(tmp) / f"{setting}-{r}", setting == "on"
                 if args.http:
@@ -210,6 +213,9 @@ def main() -> int:
                     rate, cpu_rate = http_round(where, args, on_)
                 else:
                     rate, cpu_rate = asyncio.run(append_round(where, args, on_))
+                if r < 0:
+                    print(f"warm-up digests {setting:3}: {rate:9.1f} appends/s (not counted)", flush=True)
+                    continue
                 rates[setting].append(round(rate, 1))
                 per_cpu[setting].append(round(cpu_rate, 1))
                 print(
