@@ -37,6 +37,10 @@ Layout rules:
   row group. A record larger than ``row_group_bytes`` gets a row group of its own.
 * The footer carries the key/value pair ``tiered.cold_chunk.version = 2`` (``1``: the
   schema without ``incarnation``, still read).
+* It also carries ``tiered.integrity.v1``: each row's integrity digest contribution
+  (``tiered.core.record_digest``: 32 bytes, big-endian), per row group: the row groups'
+  base64 strings (of their rows' contributions, in row order) joined by ``,``. Optional:
+  objects written before digests existed have none (``row_digests`` returns None).
 
 ``encode_chunk`` returns the file bytes plus a ``ChunkIndex`` (msgspec, array-like)
 that the service persists in its metadata journal. With it a read plans exact
@@ -47,6 +51,7 @@ the object first; ``read_stream_range`` / ``read_stream_bytes`` do exactly that.
 from __future__ import annotations
 
 import asyncio
+import base64
 import struct
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
@@ -59,9 +64,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tiered.cold.parquet.chunk_index import ChunkIndex, ChunkRange, ColdDataDamaged, RowGroupSpan, StreamIndex
+from tiered.core.record_digest import RecordHasher, digest_bytes
 
 __all__ = [
     "CHUNK_SCHEMA",
+    "INTEGRITY_KEY",
     "ByteCache",
     "ChunkIndex",
     "ChunkRange",
@@ -75,6 +82,8 @@ __all__ = [
     "read_stream_bytes",
     "read_stream_range",
     "rebuild_index",
+    "row_digests",
+    "row_groups",
 ]
 
 CHUNK_SCHEMA = pa.schema(
@@ -92,6 +101,7 @@ CHUNK_SCHEMA = pa.schema(
 #: Objects written before incarnations were recorded (format version 1): the same without that column.
 LEGACY_SCHEMA = pa.schema([f for f in CHUNK_SCHEMA if f.name != "incarnation"])
 
+INTEGRITY_KEY = b"tiered.integrity.v1"
 FORMAT_KEY = b"tiered.cold_chunk.version"
 FORMAT_VERSION = b"2"
 _SCHEMAS = {FORMAT_VERSION: CHUNK_SCHEMA, b"1": LEGACY_SCHEMA}
@@ -120,6 +130,9 @@ class ColdRecord(msgspec.Struct, frozen=True, gc=False):
     append_time_ms: int
     payload: bytes
     incarnation: int = 0
+    # Its integrity digest contribution when the writer knows it already (the journal's, for the
+    # bytes it acknowledged): the footer records it instead of hashing the row again.
+    digest: int | None = None
 
 
 # -------------------------------------------------------------------------- writer
@@ -241,11 +254,54 @@ def _write_parquet(rows: Sequence[ColdRecord], groups: Iterable[tuple[int, int]]
         for a, b in groups:
             # One write_table call with row_group_size >= rows => one row group.
             writer.write_table(_group_table(rows[a:b]), row_group_size=b - a)
-        writer.add_key_value_metadata({FORMAT_KEY: FORMAT_VERSION})
+        writer.add_key_value_metadata(
+            {FORMAT_KEY: FORMAT_VERSION, INTEGRITY_KEY: _row_digests_value(rows, groups)}
+        )
     finally:
         writer.close()
     data: bytes = sink.getvalue().to_pybytes()
     return data
+
+
+def _row_digests_value(rows: Sequence[ColdRecord], groups: Iterable[tuple[int, int]]) -> bytes:
+    """The footer's ``tiered.integrity.v1`` value: each row's digest contribution, per row group."""
+    hashers: dict[tuple[str, str, int], RecordHasher] = {}
+    parts = []
+    for a, b in groups:
+        raw = bytearray()
+        for r in rows[a:b]:
+            h = r.digest
+            if h is None:
+                ident = (r.bucket, r.stream, r.incarnation)
+                hasher = hashers.get(ident)
+                if hasher is None:
+                    hasher = hashers[ident] = RecordHasher(*ident)
+                h = hasher(r.start_offset, r.payload)
+            raw += digest_bytes(h)
+        parts.append(base64.b64encode(bytes(raw)))
+    return b",".join(parts)
+
+
+def row_digests(metadata: pq.FileMetaData) -> list[list[int]] | None:
+    """Each row's digest contribution as the footer records it, per row group (None: not recorded).
+
+    ValueError if the value does not fit the object's row groups (a footer that lies).
+    """
+    value = (metadata.metadata or {}).get(INTEGRITY_KEY)
+    if value is None:
+        return None
+    parts = value.split(b",")
+    if len(parts) != metadata.num_row_groups:
+        raise ValueError(f"{len(parts)} row groups of digests for {metadata.num_row_groups} row groups")
+    out = []
+    for g, part in enumerate(parts):
+        raw = base64.b64decode(part, validate=True)
+        if len(raw) != 32 * metadata.row_group(g).num_rows:
+            raise ValueError(
+                f"row group {g}: {len(raw) // 32} digests for {metadata.row_group(g).num_rows} rows"
+            )
+        out.append([int.from_bytes(raw[i : i + 32], "big") for i in range(0, len(raw), 32)])
+    return out
 
 
 def _group_table(rows: Sequence[ColdRecord]) -> pa.Table:
@@ -348,6 +404,18 @@ def iter_records(data: bytes) -> Iterator[ColdRecord]:
     for g in range(pf.num_row_groups):
         for row in pf.read_row_group(g).to_pylist():
             yield ColdRecord(**row)
+
+
+def row_groups(data: bytes) -> tuple[list[list[int]] | None, Iterator[tuple[int, list[ColdRecord]]]]:
+    """A whole object's footer digests (``row_digests``) and its rows, row group by row group."""
+    pf, _ = _open_whole(data)
+    digests = row_digests(pf.metadata)
+
+    def groups() -> Iterator[tuple[int, list[ColdRecord]]]:
+        for g in range(pf.num_row_groups):
+            yield g, [ColdRecord(**row) for row in pf.read_row_group(g).to_pylist()]
+
+    return digests, groups()
 
 
 def _open_whole(data: bytes) -> tuple[pq.ParquetFile, bool]:

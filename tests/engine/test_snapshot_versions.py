@@ -122,6 +122,10 @@ def test_a_version_4_snapshot_loads_as_the_state_it_holds() -> None:
     assert restored.extensions["records"].indexes == {}
     expected.extensions["records"].indexes.clear()
     expected.extensions["records"].parents.clear()
+    # Integrity digests came later: streams of version-4 data have none (and are not checked by them).
+    assert all(s.integrity is None for s in restored.streams.values())
+    for s in expected.streams.values():
+        s.integrity = None
     assert fingerprint(restored) == fingerprint(expected)
     assert restored.hot_bytes == expected.hot_bytes
     # Derived and soft state is rebuilt: producers' cost, object references, the touch throttle.

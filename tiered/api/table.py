@@ -332,6 +332,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     # Erasure (issue 21): what still holds an erased bucket's bytes.
     _r(F.ADMIN,        "GET",      "/v1/admin/erasure",                               "admin.erasure",                     OPERATOR,        None,     NAMED, SCATTER, "erasure"),
     _r(F.ADMIN,        "*",        "/v1/admin/erasure",                               None,                                OPERATOR,        None,     NAMED, HERE),
+    # Integrity digests (issue 22): a bucket's, with each of its streams' (not in /metrics: cardinality).
+    _r(F.ADMIN,        "GET",      "/v1/admin/integrity/{bucket}",                    "admin.integrity",                   OPERATOR,        None,     NAMED, SCATTER, "integrity"),
+    _r(F.ADMIN,        "*",        "/v1/admin/integrity/{bucket}",                    None,                                OPERATOR,        None,     NAMED, HERE),
     _r(F.METRICS,      "GET",      "/metrics",                                        "admin.metrics",                     OPERATOR,        None,     NODE,  HERE),
     _r(F.METRICS,      "*",        "/metrics",                                        None,                                OPERATOR,        None,     NODE,  HERE),
     _r(F.OTHER,        "GET",      "/healthz",                                        "admin.health",                      OPEN,            None,     NODE,  HERE),

@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         "safe while a server runs.",
     )
     _add_config_flags(verify, "verify")
+    verify.add_argument(
+        "--shard",
+        type=int,
+        default=None,
+        help="cluster mode: verify this shard of the node whose data dir and prefix are given (its engine's "
+        "data dir <data-dir>/shards/NNNN and prefix <s3-prefix>/shards/NNNN)",
+    )
     gc = sub.add_parser(
         "gc",
         help="run one GC pass (on a running server with --url, or offline on a data dir)",
@@ -132,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         from tiered.cli.verify import run_verify
 
+        if args.shard is not None:
+            from tiered.cluster.shards.host import shard_config
+
+            config = shard_config(config, args.shard)
         return asyncio.run(run_verify(config))
     return 2
 

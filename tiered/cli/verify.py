@@ -15,6 +15,11 @@ Reads the metadata (snapshot + journal, read-only), then:
 And erasure: no cold object may still hold an erased bucket's bytes past the
 erasure deadline (``erasure_deadline_s``; ``tiered.engine.jobs.rewrite_plan``),
 save rows a fork in another bucket inherited.
+Then every stream's integrity digests (``tiered.cli.verify_digests``): each
+hot record's and each cold reference's digest recomputed from the bytes read,
+each cold row against the contribution its object's footer recorded, and the
+live digest as a whole; a lost, doubled or changed record is named with its
+stream and range.
 
 Any mismatch is reported and makes the exit code 1. Nothing is written: the
 data dir and the store are opened read-only.
@@ -27,6 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from tiered.cli import verify_digests
 from tiered.cold.objects.keys import is_snapshot_key
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.cold.parquet.chunk import iter_records, rebuild_index
@@ -99,9 +105,16 @@ def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int,
     return by_key
 
 
-async def verify_cold(state: StreamState, store: ObjectStore, out: TextIO | None = None) -> VerifyReport:
+async def verify_cold(
+    state: StreamState,
+    store: ObjectStore,
+    out: TextIO | None = None,
+    tally: verify_digests.DigestTally | None = None,
+) -> VerifyReport:
+    """``tally``: where each object's rows add up their digests (``verify_digests``)."""
     report = VerifyReport()
     by_key = _ranges_by_object(state)
+    readers = verify_digests.refs_by_object(state)
     for key in by_key:
         if key not in state.cold_objects:
             report.errors.append(f"{key}: referenced by a stream but unknown to the metadata")
@@ -126,6 +139,8 @@ async def verify_cold(state: StreamState, store: ObjectStore, out: TextIO | None
             report.errors.append(f"{key}: checksum mismatch (the object changed after upload)")
         if is_snapshot_key(key):
             continue  # a stream snapshot's body: raw bytes, its size and checksum are all there is to check
+        if tally is not None:
+            verify_digests.tally_object(key, data, readers.get(key, {}), tally)
         try:
             rows: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
             for rec in iter_records(data):
@@ -214,18 +229,25 @@ async def run_verify(config: Config) -> int:
         log_.close()
     c = config
     store = await open_store(c, read_only=True, probe=False)
+    tally = verify_digests.DigestTally()
     try:
-        report = await verify_cold(state, store, sys.stderr)
+        report = await verify_cold(state, store, sys.stderr, tally)
     finally:
         await store.close()
+    for s in state.streams.values():
+        verify_digests.check_stream(s, config.data_path / "hot", tally)
     report.segments = hot.segments
     report.errors[:0] = hot.errors
     report.errors.extend(verify_erasure(state, config, SystemClock().now_ms()))
+    report.errors.extend(tally.errors)
     print(f"hot segments:     {report.segments}")
     print(f"objects verified: {report.objects}")
     print(f"bytes read:       {report.bytes}")
     print(f"stream ranges:    {report.ranges}")
     print(f"streams:          {len(state.streams)}")
+    print(
+        f"digests checked:  {tally.streams_checked} streams ({tally.streams_unchecked} from before digests)"
+    )
     print(f"errors:           {len(report.errors)}")
     for err in report.errors:
         print(f"  ERROR {err}")

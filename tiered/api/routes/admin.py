@@ -15,6 +15,8 @@ Guarded by the admin token (``tiered.api.kit.middleware.admin_auth``; the route 
 * ``GET /v1/admin/gc``: the last report, pending deletions, lifetime counters;
 * ``GET /v1/admin/erasure``: per erased bucket, the cold objects still holding its bytes, why, until
   when, and whether the erasure deadline passed (``tiered.engine.jobs.rewrite_plan.erasure_report``);
+* ``GET /v1/admin/integrity/{bucket}``: the bucket's integrity digests (the sum of its
+  streams') and each stream's (``tiered.engine.streams.integrity``; docs/integrity.md);
 * ``GET /metrics``: Prometheus text.
 
 Open: ``GET /healthz`` (liveness) and ``GET /readyz`` (readiness).
@@ -34,6 +36,7 @@ from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset, validate_bucket, validate_stream_path
 from tiered.core.parsing import UInt, decode_body, query_flag
 from tiered.engine.jobs.rewrite_plan import erasure_report
+from tiered.engine.streams import integrity
 from tiered.engine.streams.service import StreamService
 from tiered.engine.streams.snapshot_service import SnapshotService
 from tiered.gc.runner import GcRunner
@@ -152,6 +155,15 @@ class AdminRoutes:
         ctx = self._gc().ctx
         report = erasure_report(ctx.state, ctx.clock.now_ms(), ctx.erasure_deadline_ms, ctx.grace_ms)
         return json_response(report.to_json())
+
+    # -------------------------------------------------------------- integrity
+
+    async def integrity(self, request: Request) -> Response:
+        bucket = validate_bucket(request.params["bucket"])
+        state = self.streams.state
+        if bucket not in state.buckets:
+            raise TieredError(ErrorCode.BUCKET_NOT_FOUND, f"bucket {bucket!r} does not exist")
+        return json_response(integrity.bucket_json(integrity.bucket_view(state, bucket)))
 
     # -------------------------------------------------------------- operations
 

@@ -28,6 +28,7 @@ from tiered.core.content import is_text_like, json_messages_to_array, valid_medi
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
+from tiered.engine.streams import integrity
 from tiered.engine.streams.conditions import parse_expected_offset, parse_record_match
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
@@ -204,6 +205,9 @@ class StreamRoutes:
             headers["Stream-Record-First"] = str(records.first)
             headers["Stream-Record-Next"] = str(records.next)
             headers["Stream-Record-Count"] = str(records.count)
+        digests = integrity.view(s)
+        if digests is not None:  # none for a stream from data written before digests were kept
+            headers["Stream-Integrity"] = digests.header()
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read

@@ -19,6 +19,7 @@ fan-out is ``SCATTER``, for the methods they name (a ``HEAD`` served as a
 | ``POST /v1/admin/gc`` | one report: counts summed, lists joined, started at the first, finished at the last |
 | ``GET /v1/admin/gc`` | pending deletions and lifetime totals summed, the last passes merged as above |
 | ``GET /v1/buckets/{b}/streams``, ``GET /v1/stream`` | the first ``limit`` paths of the shards' pages (each its first ``limit`` after the cursor) |
+| ``GET /v1/admin/integrity/{b}`` | digests summed modulo 2**256, counts summed, the streams joined by path |
 
 Any shard's refusal is the answer (the lowest shard's first), except that a
 usage query for one bucket ignores shards that never heard of it (404) unless
@@ -36,6 +37,7 @@ from typing import Any
 from tiered.api.kit.target import Family, Target
 from tiered.api.kit.types import Request
 from tiered.api.table import Fanout, RouteSpec, classify, route_by_path, route_of
+from tiered.core.record_digest import format_digest, parse_digest
 
 __all__ = [
     "PLANS",
@@ -48,6 +50,7 @@ __all__ = [
     "merge_gc_status",
     "merge_groups",
     "merge_stream_list",
+    "merge_integrity",
     "merge_usage",
     "plan_of",
     "scatter_plan",
@@ -223,6 +226,20 @@ def merge_erasure(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
     }
 
 
+def merge_integrity(answers: Sequence[Answer], home: HomeOf) -> tuple[int, Any]:
+    """A bucket's integrity digests over every shard: digests add modulo 2**256, counts add, streams join."""
+    bodies = [a.body for a in sorted(answers, key=lambda a: a.shard)]
+    total: dict[str, Any] = dict(bodies[0]["integrity"])
+    for body in bodies[1:]:
+        for key, value in body["integrity"].items():
+            if key in ("live", "released", "total"):
+                total[key] = format_digest(parse_digest(total[key]) + parse_digest(value))
+            else:
+                total[key] += value
+    streams = sorted((s for b in bodies for s in b["streams"]), key=lambda s: (s["path"], s["incarnation"]))
+    return 200, {"bucket": bodies[0]["bucket"], "integrity": total, "streams": streams}
+
+
 _NO_STORE = (("Cache-Control", "no-store"),)
 #: Each merge a ``SCATTER`` row of the route table names (``RouteSpec.scatter``).
 PLANS: dict[str, ScatterPlan] = {
@@ -236,6 +253,7 @@ PLANS: dict[str, ScatterPlan] = {
         ScatterPlan("gc-status", merge_gc_status),
         ScatterPlan("erasure", merge_erasure, _NO_STORE),
         ScatterPlan("streams", merge_stream_list, _NO_STORE),  # issue 22
+        ScatterPlan("integrity", merge_integrity, _NO_STORE),
     )
 }
 

@@ -30,6 +30,7 @@ from tiered.cold.parquet.chunk import ColdRecord, encode_chunk
 from tiered.core.clock import Clock
 from tiered.core.ports import Committer, HotReader, PrefixOwner, SegmentReaper
 from tiered.engine.jobs.flush_plan import PieceToCopy, plan_flush, plan_hot_trims
+from tiered.engine.streams import integrity
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import (
     ColdCopyAborted,
@@ -169,7 +170,10 @@ class ColdFlusher:
     async def _copy(self, pieces: list[PieceToCopy]) -> bool:
         """Copy ``pieces`` into one new object; False if damage left nothing to copy."""
         # Read (and checksum) the hot bytes first: a damaged record cuts its piece short.
-        records, pieces = await asyncio.to_thread(self._load_records, pieces)
+        # The journal's digest of each hot record (taken here, on the loop that changes them): the
+        # object's footer records those, so verify checks the uploaded rows against what was acknowledged.
+        digests = {p.stream.uid: integrity.hot_digests(p.stream) for p in pieces}
+        records, pieces = await asyncio.to_thread(self._load_records, pieces, digests)
         if not pieces:
             return False
         now = self.clock.now_ms()
@@ -205,7 +209,9 @@ class ColdFlusher:
         self.bytes_uploaded += len(data)
         return True
 
-    def _load_records(self, pieces: list[PieceToCopy]) -> tuple[list[ColdRecord], list[PieceToCopy]]:
+    def _load_records(
+        self, pieces: list[PieceToCopy], digests: dict[int, dict[tuple[int, int], int]] | None = None
+    ) -> tuple[list[ColdRecord], list[PieceToCopy]]:
         """The records of ``pieces`` (worker thread), each checked against its checksum.
 
         A piece stops before a damaged record; the stream is remembered in
@@ -217,12 +223,13 @@ class ColdFlusher:
         for p in pieces:
             s = p.stream
             loaded: list[ColdRecord] = []
+            known = digests.get(s.uid, {}) if digests is not None else {}
             for start, length, seg, pos, ts in p.chunks:
                 try:
+                    data = read(seg, pos, length)
+                    digest = known.get((start, start + length))
                     loaded.append(
-                        ColdRecord(
-                            s.bucket, s.path, start, start + length, ts, read(seg, pos, length), s.incarnation
-                        )
+                        ColdRecord(s.bucket, s.path, start, start + length, ts, data, s.incarnation, digest)
                     )
                 except DamagedRecordError as exc:
                     self.damaged[s.uid] = start

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tiered.core.content import media_type
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
-from tiered.engine.streams import conditions, producers
+from tiered.engine.streams import conditions, integrity, producers
 from tiered.engine.streams.model import AppendRequest, Duplicate, Stream
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.records import Appended, ProducersExpired
@@ -97,6 +97,7 @@ def apply_appended(state: StreamState, record: Appended, location: Location | No
         s.tail = record.offset + len(record.data)
         state.note_hot(s.uid)
         state.hot_bytes += len(record.data)
+        integrity.note_record(s, record.offset, record.data)
     # Every append drops its stream's expired producer states (and, for a new producer at the cap,
     # the longest idle one): the same plan the quota check charged (``producer_change``).
     change = producers.apply(

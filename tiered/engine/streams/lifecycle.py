@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tiered.core.content import DEFAULT_CONTENT_TYPE, media_type
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET, format_offset
-from tiered.engine.streams import release, snapshots
+from tiered.engine.streams import integrity, release, snapshots
 from tiered.engine.streams.model import CreateRequest, PathHistory, Stream
 from tiered.engine.streams.records import (
     BucketCreated,
@@ -249,6 +249,7 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
     history = state.path_history.get((s.bucket, s.path))
     if history is not None:
         s.incarnation = history.incarnations
+    integrity.fresh(s)
     if record.data:
         if location is None:
             raise ValueError("a create with data needs its location")
@@ -256,6 +257,7 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
         s.tail += len(record.data)
         state.note_hot(s.uid)
         state.hot_bytes += len(record.data)
+        integrity.note_record(s, record.fork_offset, record.data)
     state.streams[s.uid] = s
     state.paths[(s.bucket, s.path)] = s.uid
     state.next_uid = max(state.next_uid, s.uid + 1)

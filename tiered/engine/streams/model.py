@@ -23,6 +23,7 @@ import msgspec
 
 from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.content import is_json
+from tiered.engine.streams.integrity import StreamIntegrity
 
 #: ``ProducerState.last_ms`` of a producer read from a snapshot written before producer expiry
 #: (its state was an (epoch, seq) pair): a restore makes it the stream's last access.
@@ -115,6 +116,8 @@ def encode_hook(obj: Any) -> Any:
     """msgspec's ``enc_hook`` for the state's types: ``HotChunks`` as their packed arrays."""
     if isinstance(obj, HotChunks):
         return obj.packed()
+    if isinstance(obj, StreamIntegrity):
+        return obj.packed()
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
@@ -125,6 +128,13 @@ def decode_hook(type_: type, obj: Any) -> Any:
             raise msgspec.ValidationError("expected hot chunks")
         try:
             return HotChunks.unpacked(obj)
+        except (TypeError, ValueError) as exc:
+            raise msgspec.ValidationError(str(exc)) from None
+    if type_ is StreamIntegrity:
+        if not isinstance(obj, list):
+            raise msgspec.ValidationError("expected integrity digests")
+        try:
+            return StreamIntegrity.unpacked(obj)
         except (TypeError, ValueError) as exc:
             raise msgspec.ValidationError(str(exc)) from None
     raise NotImplementedError(f"cannot decode {type_.__name__}")
@@ -215,6 +225,9 @@ class Stream(msgspec.Struct, array_like=True):
     # snapshot a writer published (``tiered.engine.streams.snapshots``).
     snapshot: PublishedSnapshot | None = None
     retain_snapshot: bool = False  # ``retain: snapshot`` on this stream: retention follows its snapshot
+    # Durable, added after the fields above (so older snapshots decode): the stream's integrity
+    # digests (``integrity``); None for a stream from data written before digests were kept.
+    integrity: StreamIntegrity | None = None
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)

@@ -13,6 +13,7 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.engine.streams import integrity
 from tiered.engine.streams.model import ColdRef, Stream
 from tiered.engine.streams.records import RetentionAdvanced, RetentionPolicySet
 
@@ -154,7 +155,9 @@ def release(state: StreamState, s: Stream, ts_ms: int) -> None:
             unref(state, ref.key, ts_ms)
         else:
             kept.append(ref)
+    integrity.note_release(s, s.cold_refs, kept)
     s.cold_refs = kept
+    integrity.note_hot_release(s)
     s.chunks.trim_below(s.keep_start)
     if s.keep_end is not None:
         s.chunks.trim_from(s.keep_end)
