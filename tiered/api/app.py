@@ -82,6 +82,7 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
             sse_max_connection_s=c.sse_max_connection_s,
             locator_valid_ms=c.locator_valid_ms,
             locator_span_bytes=LOCATOR_SPAN_BYTES,
+            large=engine.large_bodies,
         ),
         subscriptions=SubscriptionRoutes(engine.subscriptions),
         buckets=BucketRoutes(engine.streams),

@@ -277,6 +277,15 @@ class Config:
         "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
         "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
     )
+    # Large bodies stored by reference (issue 22, docs/large-bodies.md).
+    large_body_threshold_bytes: int = setting(
+        8 * MiB,
+        "an append whose Content-Length is above this is streamed to an object of its own in the store and "
+        "journaled as a reference (0: off; every body goes through the journal, up to max_body_bytes)",
+    )
+    large_body_max_bytes: int = setting(
+        5 * 1024 * MiB, "largest body stored by reference; larger gets 413 (at most 5 TiB, S3's object limit)"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -391,6 +400,14 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+        if self.large_body_threshold_bytes < 0:
+            raise ConfigError("large_body_threshold_bytes must not be negative (0: off)")
+        if self.large_body_threshold_bytes and not (
+            self.large_body_threshold_bytes < self.large_body_max_bytes <= 5 * 1024 * 1024 * MiB
+        ):
+            raise ConfigError(
+                "large_body_max_bytes must be above large_body_threshold_bytes and at most 5 TiB"
+            )
 
     @property
     def data_path(self) -> Path:

@@ -46,6 +46,7 @@ from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.segments import SegmentReaper
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
+from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.reader import StreamReader
 from tiered.engine.streams.service import StreamService
@@ -360,6 +361,17 @@ class Engine:
             kick_flush=self.flusher.kick,
             gate=self.gate,
             remote_forks=hooks.remote_forks,
+        )
+        # Large bodies stored by reference (``tiered.engine.streams.large_bodies``).
+        self.large_bodies = LargeBodies(
+            state,
+            self.committer,
+            store,
+            clock,
+            threshold=c.large_body_threshold_bytes,
+            max_bytes=c.large_body_max_bytes,
+            gate=self.gate,
+            claim=self.claim,
         )
         reaper = self.reaper
         self.gc = GcRunner(

@@ -77,6 +77,7 @@ class Request:
         "_query",
         "_target",
         "_body",
+        "_stream",
     )
 
     def __init__(
@@ -89,6 +90,7 @@ class Request:
         *,
         scheme: str = "http",
         host: str = "",
+        stream: Callable[[], AsyncIterator[bytes]] | None = None,
     ) -> None:
         self.method = method
         self.path = path
@@ -106,12 +108,30 @@ class Request:
         self._query: dict[str, str] | None = None
         self._target: Target | None = None
         self._body: bytes | None = None
+        # The body as it arrives, when the adapter can stream it (a declared length within the large-body
+        # limit): what a large body stored by reference is read through (``body_stream``).
+        self._stream = stream
 
     async def body(self) -> bytes:
         """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``); read once, kept."""
         if self._body is None:
             self._body = await self._read()
         return self._body
+
+    def declared_length(self) -> int | None:
+        """The body's ``Content-Length``, when it declares one as plain digits."""
+        value = self.headers.get("Content-Length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def body_stream(self) -> AsyncIterator[bytes] | None:
+        """The body as it arrives, in chunks (once, instead of ``body()``); None when it cannot stream.
+
+        The adapter ends it with ``ClientDisconnected`` if the body stops short of its declared length.
+        """
+        stream, self._stream = self._stream, None
+        if stream is None or self._body is not None:
+            return None
+        return stream()
 
     @property
     def origin(self) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tiered.engine.streams.cold_prefix import settle
 from tiered.engine.streams.model import ColdObject, ColdRef
 from tiered.engine.streams.records import (
     ColdCopyAborted,
@@ -50,6 +51,7 @@ def apply_copy_committed(state: StreamState, record: ColdCopyCommitted) -> None:
         before = hot_contribution(s)
         s.cold_refs.append(ColdRef(r.start, r.end, record.key))
         s.cold_end = r.end
+        settle(s)  # past it may lie a large body stored by reference (``payloads``)
         state.hot_bytes += hot_contribution(s) - before
         obj.refs += 1
         if s.uid in state.children and s.retained_from > s.fork_offset:

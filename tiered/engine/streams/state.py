@@ -23,7 +23,7 @@ from typing import Any, ClassVar, cast
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release
+from tiered.engine.streams import appends, cold_refs, lifecycle, payloads, reads, release
 from tiered.engine.streams.model import (
     AppendRequest,
     ColdObject,
@@ -46,6 +46,7 @@ from tiered.engine.streams.records import (
     ColdDeleteFinished,
     ColdDeleteStarted,
     HotTrimmed,
+    PayloadAppended,
     ProducersExpired,
     RetentionAdvanced,
     RetentionPolicySet,
@@ -227,4 +228,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     ColdDeleteFinished: lambda st, r, _: cold_refs.apply_delete_finished(st, r),
     RetentionAdvanced: lambda st, r, _: release.apply_retention_advanced(st, r),
     RetentionPolicySet: lambda st, r, _: release.apply_policy_set(st, r),
+    PayloadAppended: payloads.apply_payload_appended,  # large bodies stored by reference
 }
