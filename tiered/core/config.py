@@ -400,6 +400,9 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+        self._validate_large_bodies()
+
+    def _validate_large_bodies(self) -> None:
         if self.large_body_threshold_bytes < 0:
             raise ConfigError("large_body_threshold_bytes must not be negative (0: off)")
         if self.large_body_threshold_bytes and not (
