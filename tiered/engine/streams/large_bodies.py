@@ -109,8 +109,9 @@ class LargeBodies:
                 retry_after_s=5,
             )
         key = new_payload_key(self.clock.now_ms())
-        await self.committer.commit([ColdCopyStarted(key=key, ts_ms=self.clock.now_ms(), ranges=())])
         try:
+            # Inside: a request cancelled while the intent becomes durable still abandons it.
+            await self.committer.commit([ColdCopyStarted(key=key, ts_ms=self.clock.now_ms(), ranges=())])
             digest, _ = await upload_payload(self.store, key, body, size)
         except BaseException as exc:
             await self._abandon(key, f"upload failed: {exc!r}"[:500])
