@@ -49,6 +49,9 @@ _HOP = frozenset(
     }
 )
 _CHUNK = 64 * 1024
+#: Bodies declared larger than this are streamed to the owner (large bodies stored by reference), not
+#: read whole first; smaller ones are held, so a forward that failed before sending can be sent again.
+STREAM_ABOVE = 1024 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
@@ -117,7 +120,21 @@ class Forwarder:
         if request.host:
             # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
             headers["Host"] = request.host
-        body = await request.body()
+        if request.streamed:  # a retry after a large body was streamed on: it cannot be sent again
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED,
+                f"shard {shard}: the owner could not take the body streamed to it; retry",
+                shard=shard,
+                retry_after_s=1,
+            )
+        body: bytes | AsyncIterator[bytes] | None = None
+        declared = request.declared_length()
+        if declared is not None and declared > STREAM_ABOVE:
+            body = request.body_stream()  # a large body: streamed on, never held whole
+            if body is not None:
+                headers["Content-Length"] = str(declared)
+        if body is None:
+            body = await request.body()
         # The client library adds headers the original request may not have had (a Content-Type for
         # a body, above all): forward exactly what the client sent.
         absent = [h for h in _AUTO if request.headers.get(h) is None]
