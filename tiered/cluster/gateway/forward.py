@@ -49,9 +49,9 @@ _HOP = frozenset(
     }
 )
 _CHUNK = 64 * 1024
-#: Bodies declared larger than this are streamed to the owner (large bodies stored by reference), not
-#: read whole first; smaller ones are held, so a forward that failed before sending can be sent again.
-STREAM_ABOVE = 1024 * 1024
+#: Bodies declared larger than this (by default) are streamed to the owner, not read whole first;
+#: smaller ones are held, so a forward that failed before sending can be sent again.
+STREAM_ABOVE = 8 * 1024 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
@@ -82,9 +82,16 @@ def moved_away(response: Response) -> bool:
 
 class Forwarder:
     def __init__(
-        self, node_id: str, *, connect_timeout_s: float = 2.0, read_timeout_s: float = 120.0
+        self,
+        node_id: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 120.0,
+        stream_above: int = STREAM_ABOVE,
     ) -> None:
+        """``stream_above``: bodies declared larger are streamed on (the large-body threshold)."""
         self.node_id = node_id
+        self.stream_above = stream_above
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.forwarded = 0
@@ -129,7 +136,7 @@ class Forwarder:
             )
         body: bytes | AsyncIterator[bytes] | None = None
         declared = request.declared_length()
-        if declared is not None and declared > STREAM_ABOVE:
+        if declared is not None and declared > self.stream_above:
             body = request.body_stream()  # a large body: streamed on, never held whole
             if body is not None:
                 headers["Content-Length"] = str(declared)
