@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.gc_support import Harness, VirtualClock, journal_records, make_config
 from tests.support.s3_backends import backend_for
+from tiered.cli.verify import verify_cold
 from tiered.cold.objects.keys import is_payload_key, key_time_ms
 from tiered.cold.objects.payload import PAYLOAD_BLOCK_BYTES, digest_of
 from tiered.core.config import Config
@@ -332,6 +333,33 @@ async def _keys_of(config: Config) -> set[str]:
         return await stored_keys(h)
     finally:
         await h.crash()
+
+
+def test_verify_checks_every_block_of_payload_objects(config: Config) -> None:
+    if config.cold_store != "local":
+        pytest.skip("damage is injected into the local store's file")
+    h = Harness(config)
+    data = body_of(2 * PAYLOAD_BLOCK_BYTES + 3, 1)
+
+    async def body() -> None:
+        await h.start()
+        await h.create("default", "s", b"hot;")
+        await large_append(h, "s", data)
+        await h.flush()
+        store = h.s.store
+        assert store is not None
+        report = await verify_cold(h.s.state, store)
+        assert report.errors == [] and report.objects == 2  # the flushed Parquet object and the payload
+        [key] = [k for k in h.s.state.cold_objects if is_payload_key(k)]
+        path = config.data_path / "cold" / key
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0x80
+        path.write_bytes(bytes(raw))
+        report = await verify_cold(h.s.state, store)
+        assert len(report.errors) == 1 and key in report.errors[0] and "block 2" in report.errors[0]
+        await h.stop()
+
+    asyncio.run(body())
 
 
 def test_digest_blocks() -> None:
