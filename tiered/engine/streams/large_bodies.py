@@ -190,6 +190,7 @@ class LargeBodies:
     async def _abandon(self, key: str, reason: str) -> None:
         """The upload will not be committed: journal that, then delete what it wrote (best effort)."""
         self.abandoned += 1
+        log.info("large body upload %s abandoned: %s", key, reason)
         try:
             await self.committer.commit([ColdCopyAborted(key=key, ts_ms=self.clock.now_ms(), reason=reason)])
         except Exception:
