@@ -32,7 +32,6 @@ from tiered.gc.orphans import ReconcileOrphans
 from tiered.gc.producers import ExpireProducers
 from tiered.gc.report import GcReport, GcTotals
 from tiered.gc.retention import ApplyRetention
-from tiered.gc.uploads import AbortStaleUploads
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ def default_tasks() -> list[GcTask]:
         ReleaseHotCopies(),
         DeleteReleasedObjects(),
         ReconcileOrphans(),
-        AbortStaleUploads(),  # uploads that never completed (large bodies, big objects): orphans too
     ]
 
 

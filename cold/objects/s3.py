@@ -470,34 +470,6 @@ class S3Store:
             if not done:
                 await self._abort(key, full, upload_id)
 
-    async def incomplete_uploads(self, prefix: str, limit: int = 1000) -> list[tuple[str, str, datetime]]:
-        """Multipart uploads begun under ``prefix`` and neither completed nor aborted (at most ``limit``):
-        ``(key, upload id, initiated)``. Reconciliation aborts the ones no journal intent owns."""
-        validate_prefix(prefix)
-        s3 = self._client()
-        found: list[tuple[str, str, datetime]] = []
-        markers: dict[str, str] = {}
-        while len(found) < limit:
-            resp = await self._list_uploads_page(s3, prefix, markers)
-            for upload in resp.get("Uploads") or ():
-                found.append((self._strip(upload["Key"]), upload["UploadId"], _utc(upload["Initiated"])))
-            if not resp.get("IsTruncated"):
-                break
-            markers = {"KeyMarker": resp["NextKeyMarker"], "UploadIdMarker": resp["NextUploadIdMarker"]}
-        return found[:limit]
-
-    async def _list_uploads_page(self, s3: Any, prefix: str, markers: dict[str, str]) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._prefix + prefix, **markers}
-        page: dict[str, Any] = await self._call(
-            "list incomplete uploads", lambda: s3.list_multipart_uploads(**kwargs)
-        )
-        return page
-
-    async def abort_upload(self, key: str, upload_id: str) -> None:
-        """Abort an incomplete multipart upload (already completed or aborted is not an error)."""
-        validate_key(key)
-        await self._abort(key, self._full(key), upload_id)
-
     async def _stream_parts(
         self, key: str, full: str, upload_id: str, chunks: AsyncIterator[bytes], part_size: int, count: int
     ) -> tuple[list[dict[str, Any]], list[bytes]]:

@@ -19,7 +19,7 @@ import pytest
 from tests.support.gc_support import Harness, VirtualClock, journal_records, make_config
 from tests.support.s3_backends import backend_for
 from tiered.cli.verify import verify_cold
-from tiered.cold.objects.keys import is_payload_key, key_time_ms, new_payload_key
+from tiered.cold.objects.keys import is_payload_key, key_time_ms
 from tiered.cold.objects.payload import PAYLOAD_BLOCK_BYTES, digest_of
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
@@ -357,42 +357,6 @@ def test_verify_checks_every_block_of_payload_objects(config: Config) -> None:
         path.write_bytes(bytes(raw))
         report = await verify_cold(h.s.state, store)
         assert len(report.errors) == 1 and key in report.errors[0] and "block 2" in report.errors[0]
-        await h.stop()
-
-    asyncio.run(body())
-
-
-def test_reconciliation_aborts_uploads_that_never_completed(config: Config) -> None:
-    """A process killed mid multipart upload leaves an incomplete upload: past the grace, with no journal
-    intent owning it, reconciliation aborts it (an intent's own upload is left alone)."""
-    if config.cold_store == "local":
-        pytest.skip("multipart uploads are S3's (the local store's staged files are swept when it opens)")
-    clock = VirtualClock()
-    h = Harness(config, clock=clock)
-
-    async def body() -> None:
-        await h.start()
-        store = h.s.store.inner  # type: ignore[union-attr]
-        client = store._client()
-        keys = [new_payload_key(clock.ms), new_payload_key(clock.ms)]
-        for key in keys:
-            created = await client.create_multipart_upload(Bucket=store.bucket, Key=store.prefix + key)
-            await client.upload_part(
-                Bucket=store.bucket,
-                Key=store.prefix + key,
-                UploadId=created["UploadId"],
-                PartNumber=1,
-                Body=b"x",
-            )
-        await h.s.committer.commit([ColdCopyStarted(key=keys[1], ts_ms=clock.ms, ranges=())])  # under way
-        assert {k for k, _, _ in await store.incomplete_uploads("data/")} == set(keys)
-        report = await h.gc(clock.ms + GRACE_MS - 1)
-        assert report.orphans_deleted == 0
-        report = await h.gc(clock.ms + GRACE_MS, dry_run=True)
-        assert [d["key"] for d in report.would_delete] == [keys[0]]
-        report = await h.gc(clock.ms + GRACE_MS)
-        assert (report.orphans_found, report.orphans_deleted, report.errors) == (1, 1, []), report
-        assert {k for k, _, _ in await store.incomplete_uploads("data/")} == {keys[1]}
         await h.stop()
 
     asyncio.run(body())
