@@ -37,8 +37,13 @@ def is_snapshot_key(key: str) -> bool:
 
 
 def key_time_ms(key: str) -> int | None:
-    """The creation time encoded in a key from ``new_object_key`` (or ``new_snapshot_key``)."""
-    name = key.rsplit("/", 1)[-1].removesuffix(".parquet").removesuffix(SNAPSHOT_SUFFIX)
+    """The creation time encoded in a key from ``new_object_key`` (or ``new_snapshot_key``, or a payload key)."""
+    name = (
+        key.rsplit("/", 1)[-1]
+        .removesuffix(".parquet")
+        .removesuffix(SNAPSHOT_SUFFIX)
+        .removesuffix(PAYLOAD_SUFFIX)
+    )
     if len(name) != 26:
         return None
     value = 0
@@ -48,3 +53,16 @@ def key_time_ms(key: str) -> int | None:
             return None
         value = (value << 5) | i
     return value >> 80
+
+
+#: Large bodies stored by reference (one object per body, its raw bytes): ``data/<ULID>.payload``.
+PAYLOAD_SUFFIX = ".payload"
+
+
+def new_payload_key(now_ms: int, randomness: bytes | None = None) -> str:
+    """``data/<ULID>.payload``: under the data prefix, so reconciliation and GC treat it as any cold object."""
+    return new_object_key(now_ms, randomness).removesuffix(".parquet") + PAYLOAD_SUFFIX
+
+
+def is_payload_key(key: str) -> bool:
+    return key.endswith(PAYLOAD_SUFFIX)

@@ -437,6 +437,84 @@ class S3Store:
                 )
         return await self._put_single(key, data, md5, if_none_match)
 
+    async def put_stream(self, key: str, chunks: AsyncIterator[bytes], size: int) -> ObjectInfo:
+        """Create ``key`` from ``chunks`` (``size`` bytes: a large body, ``payload``) by a multipart upload.
+
+        Parts of ``part_size`` (grown to stay within 10,000 parts) are cut as
+        the body arrives and sent ``multipart_concurrency`` at a time, each
+        with its checksum (see ``checksum_mode``), so memory holds at most that
+        many parts plus the one being filled. Any failure, the body's included,
+        or a cancellation aborts the upload: no object and no billable parts
+        (a process killed meanwhile leaves an incomplete upload: a bucket
+        lifecycle rule, AbortIncompleteMultipartUpload, is the backstop).
+        """
+        validate_key(key)
+        s3 = self._client()
+        full = self._full(key)
+        part_size = max(self._part_size, -(-size // MAX_PARTS))
+        count = max(1, -(-size // part_size))
+        created = await self._call(
+            f"start upload {key!r}",
+            lambda: s3.create_multipart_upload(Bucket=self._bucket, Key=full, **self._upload_checksum()),
+            key,
+        )
+        upload_id: str = created["UploadId"]
+        done = False
+        try:
+            parts, md5s = await self._stream_parts(key, full, upload_id, chunks, part_size, count)
+            expected_etag = f"{hashlib.md5(b''.join(md5s), usedforsecurity=False).hexdigest()}-{len(parts)}"
+            info = await self._complete(key, full, upload_id, parts, size, "", expected_etag, True)
+            done = True
+            return info
+        finally:
+            if not done:
+                await self._abort(key, full, upload_id)
+
+    async def _stream_parts(
+        self, key: str, full: str, upload_id: str, chunks: AsyncIterator[bytes], part_size: int, count: int
+    ) -> tuple[list[dict[str, Any]], list[bytes]]:
+        uploaded: dict[int, tuple[dict[str, Any], bytes]] = {}
+        gate = asyncio.Semaphore(self._multipart_concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def upload(number: int, body: bytes) -> None:
+            try:
+                digest = hashlib.md5(body, usedforsecurity=False).digest()
+                part = await self._upload_part(key, full, upload_id, number, body, digest, count)
+                uploaded[number] = (part, digest)
+            finally:
+                gate.release()
+
+        async def send(number: int, body: bytes) -> None:
+            await gate.acquire()  # at most N parts in flight
+            for task in [t for t in tasks if t.done()]:
+                tasks.discard(task)
+                task.result()  # a failed part ends the upload now
+            tasks.add(asyncio.get_running_loop().create_task(upload(number, body)))
+
+        buffer = bytearray()
+        number = 0
+        try:
+            async for chunk in chunks:
+                buffer += chunk
+                while len(buffer) >= part_size:
+                    number += 1
+                    await send(number, bytes(buffer[:part_size]))
+                    del buffer[:part_size]
+            if buffer or number == 0:
+                number += 1
+                await send(number, bytes(buffer))
+            buffer = bytearray()
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        ordered = [uploaded[n] for n in range(1, number + 1)]
+        return [part for part, _ in ordered], [digest for _, digest in ordered]
+
     async def probe_conditional_writes(self) -> ConditionalWriteSupport:
         """Check that the store enforces the conditional writes we rely on, and how.
 

@@ -84,6 +84,7 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
             locator_valid_ms=c.locator_valid_ms,
             locator_span_bytes=LOCATOR_SPAN_BYTES,
             snapshots=SnapshotRoutes(engine.snapshots),
+            large=engine.large_bodies,
         ),
         subscriptions=SubscriptionRoutes(engine.subscriptions),
         buckets=BucketRoutes(engine.streams),

@@ -140,12 +140,15 @@ def make_listener(config: Config, handler: Handler) -> Listener:
     if config.http_server == "aiohttp":
         from tiered.api.kit.aiohttp_server import AiohttpListener
 
-        return AiohttpListener(handler, max_body_bytes=config.max_body_bytes)
+        return AiohttpListener(
+            handler, max_body_bytes=config.max_body_bytes, large_body_max_bytes=large_body_limit(config)
+        )
     from tiered.api.kit.rsgi_server import RsgiListener
 
     return RsgiListener(
         handler,
         max_body_bytes=config.max_body_bytes,
+        large_body_max_bytes=large_body_limit(config),
         # Live readers beyond max_waiters get a 503 from the service, so let them reach it.
         max_connections=config.max_waiters + 1024,
         tls_cert=Path(config.tls_cert) if config.tls_cert else None,
@@ -225,3 +228,8 @@ def run(config: Config) -> int:
         print(f"tiered: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def large_body_limit(config: Config) -> int:
+    """Bodies the adapters may stream (large bodies stored by reference); 0 when that is off."""
+    return config.large_body_max_bytes if config.large_body_threshold_bytes > 0 else 0

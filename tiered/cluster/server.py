@@ -122,7 +122,12 @@ class ClusterServer:
         self.cas = ObjectStoreCas(store)
         self.signer = signer  # node-to-node requests (tiered/cluster/membership/secret.py)
         # A forwarded long-poll waits up to long_poll_timeout_s for its first byte.
-        self.forwarder = Forwarder(self.node_id, read_timeout_s=max(30.0, config.long_poll_timeout_s + 10))
+        self.forwarder = Forwarder(
+            self.node_id,
+            read_timeout_s=max(30.0, config.long_poll_timeout_s + 10),
+            # Large bodies (stored by reference on the owner) are streamed on, not held here.
+            stream_above=config.large_body_threshold_bytes or config.max_body_bytes,
+        )
         self.supervisor = supervisor or Supervisor(clock)
         self.features = ClusterFeatures(
             self, store=store, cas=self.cas, signer=signer, forwarder=self.forwarder

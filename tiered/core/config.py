@@ -313,6 +313,16 @@ class Config:
         OFFLINE_GC,
     )
 
+    # Large bodies stored by reference (issue 22, docs/large-bodies.md).
+    large_body_threshold_bytes: int = setting(
+        8 * MiB,
+        "an append whose Content-Length is above this is streamed to an object of its own in the store and "
+        "journaled as a reference (0: off; every body goes through the journal, up to max_body_bytes)",
+    )
+    large_body_max_bytes: int = setting(
+        5 * 1024 * MiB, "largest body stored by reference; larger gets 413 (at most 5 TiB, S3's object limit)"
+    )
+
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
@@ -430,6 +440,7 @@ class Config:
             raise ConfigError("metrics_max_buckets must not be negative")
         self._validate_workers()
         self._validate_rewrites()
+        self._validate_large_bodies()
 
     def _validate_workers(self) -> None:
         if self.workers < 0:
@@ -462,6 +473,16 @@ class Config:
             raise ConfigError(
                 "gc_grace_s must be below erasure_deadline_s: an erased bucket's old objects wait out the "
                 "grace delay before they are deleted"
+            )
+
+    def _validate_large_bodies(self) -> None:
+        if self.large_body_threshold_bytes < 0:
+            raise ConfigError("large_body_threshold_bytes must not be negative (0: off)")
+        if self.large_body_threshold_bytes and not (
+            self.large_body_threshold_bytes < self.large_body_max_bytes <= 5 * 1024 * 1024 * MiB
+        ):
+            raise ConfigError(
+                "large_body_max_bytes must be above large_body_threshold_bytes and at most 5 TiB"
             )
 
     @property

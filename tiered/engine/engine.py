@@ -46,6 +46,7 @@ from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.segments import SegmentReaper
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
+from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.listing import StreamDirectory
 from tiered.engine.streams.ordinals import RecordsState
 from tiered.engine.streams.producers import ProducerLimits
@@ -374,6 +375,17 @@ class Engine:
             clock,
             max_bytes=c.stream_snapshot_max_bytes,
             bootstrap_max_bytes=c.bootstrap_max_bytes,
+            claim=self.claim,
+        )
+        # Large bodies stored by reference (``tiered.engine.streams.large_bodies``).
+        self.large_bodies = LargeBodies(
+            state,
+            self.committer,
+            store,
+            clock,
+            threshold=c.large_body_threshold_bytes,
+            max_bytes=c.large_body_max_bytes,
+            gate=self.gate,
             claim=self.claim,
         )
         reaper = self.reaper

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -57,9 +57,10 @@ def _install_filter() -> None:
 
 
 class AiohttpListener:
-    def __init__(self, handler: Handler, *, max_body_bytes: int) -> None:
+    def __init__(self, handler: Handler, *, max_body_bytes: int, large_body_max_bytes: int = 0) -> None:
         self._handler = handler
         self._max_body = max_body_bytes
+        self._large_max = large_body_max_bytes  # bodies that may stream (``Request.body_stream``); 0: none
         self._server = web.Server(self._handle, handler_cancellation=True, access_log=None)
         self._listeners: list[asyncio.Server] = []
 
@@ -99,7 +100,16 @@ class AiohttpListener:
         async def read() -> bytes:
             return await _read_body(raw, self._max_body)
 
-        request = Request(raw.method, path, query, raw.headers, read, scheme=raw.scheme, host=raw.host)
+        request = Request(
+            raw.method,
+            path,
+            query,
+            raw.headers,
+            read,
+            scheme=raw.scheme,
+            host=raw.host,
+            stream=_streamer(raw, self._large_max),
+        )
         try:
             response = await self._handler(request)
         except ClientDisconnected:
@@ -148,3 +158,27 @@ async def _read_body(raw: web.BaseRequest, limit: int) -> bytes:
             raise TieredError(ErrorCode.PAYLOAD_TOO_LARGE, "request body is larger than the server's limit")
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _streamer(raw: web.BaseRequest, limit: int) -> Callable[[], AsyncIterator[bytes]] | None:
+    """The body as it arrives (a large body, stored by reference), when its length is declared and within
+    ``limit``; a body cut short ends it with ``ClientDisconnected``."""
+    declared = raw.content_length
+    if not limit or declared is None or declared > limit:
+        return None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        seen = 0
+        while seen < declared:
+            try:
+                chunk = await raw.content.readany()
+            except ConnectionError:
+                chunk = b""
+            except HttpProcessingError as exc:
+                raise bad_request(f"the request body is malformed: {exc.message}") from None
+            if not chunk:
+                raise ClientDisconnected(f"the client left after {seen} of the body's {declared} bytes")
+            seen += len(chunk)
+            yield chunk
+
+    return chunks

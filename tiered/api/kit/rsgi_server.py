@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +130,10 @@ class _DisconnectWatch:
 class _App:
     """The RSGI application object granian calls once per request."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int, large_body_max_bytes: int = 0) -> None:
         self._handler = handler
         self._max_body = max_body_bytes
+        self._large_max = large_body_max_bytes  # bodies that may stream (``Request.body_stream``); 0: none
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
@@ -171,6 +172,7 @@ class _App:
             read,
             scheme=scope.scheme,
             host=host,
+            stream=_streamer(proto, headers, self._large_max),
         )
         response = await self._handler(request)
         body = response.body
@@ -181,6 +183,30 @@ class _App:
                 proto.response_empty(response.status, list(response.headers.items()))
             return
         await _stream(proto, response, body, scope.path)
+
+
+def _streamer(proto: Any, headers: RsgiHeaders, limit: int) -> Callable[[], AsyncIterator[bytes]] | None:
+    """The body as it arrives (a large body, stored by reference), when its length is declared and within
+    ``limit``: counted against that length, since granian's chunk iterator ends a cut body as if whole."""
+    length = headers.get("content-length")
+    if not limit or length is None or not length.isdigit() or int(length) > limit:
+        return None
+    declared = int(length)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        seen = 0
+        stream = proto.__aiter__()
+        while seen < declared:
+            try:
+                chunk = await _next_chunk(stream)
+            except ProtocolClosed:
+                chunk = None
+            if not chunk:
+                raise ClientDisconnected(f"the client left after {seen} of the body's {declared} bytes")
+            seen += len(chunk)
+            yield chunk
+
+    return chunks
 
 
 def raw_path(decoded: str) -> str:
@@ -322,12 +348,13 @@ class RsgiListener:
         handler: Handler,
         *,
         max_body_bytes: int,
+        large_body_max_bytes: int = 0,
         max_connections: int = 16384,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         reuse_port: bool = False,
     ) -> None:
-        self._app = _App(handler, max_body_bytes)
+        self._app = _App(handler, max_body_bytes, large_body_max_bytes)
         self._reuse_port = reuse_port
         self._max_connections = max_connections
         self._tls = (tls_cert, tls_key)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from tiered.api.kit.target import Target, decode_query, parse_target
+from tiered.core.errors import ErrorCode, TieredError
 
 _HOST = re.compile(r"[A-Za-z0-9.\-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
@@ -81,6 +82,8 @@ class Request:
         "_query",
         "_target",
         "_body",
+        "_stream",
+        "streamed",
     )
 
     def __init__(
@@ -93,6 +96,7 @@ class Request:
         *,
         scheme: str = "http",
         host: str = "",
+        stream: Callable[[], AsyncIterator[bytes]] | None = None,
     ) -> None:
         self.method = method
         self.path = path
@@ -110,12 +114,40 @@ class Request:
         self._query: dict[str, str] | None = None
         self._target: Target | None = None
         self._body: bytes | None = None
+        # The body as it arrives, when the adapter can stream it (a declared length within the large-body
+        # limit): what a large body stored by reference is read through (``body_stream``).
+        self._stream = stream
+        self.streamed = False  # ``body_stream`` handed the body out: it cannot be read (or sent) again
 
     async def body(self) -> bytes:
         """The whole body (the adapter enforces the size limit: ``PAYLOAD_TOO_LARGE``); read once, kept."""
         if self._body is None:
+            if self.streamed:
+                # A retry of a request whose body was streamed on already (cluster forwarding): the client's
+                # own retry sends it again.
+                raise TieredError(
+                    ErrorCode.UNAVAILABLE,
+                    "the request body was consumed by an earlier attempt; retry",
+                    retry_after_s=1,
+                )
             self._body = await self._read()
         return self._body
+
+    def declared_length(self) -> int | None:
+        """The body's ``Content-Length``, when it declares one as plain digits."""
+        value = self.headers.get("Content-Length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def body_stream(self) -> AsyncIterator[bytes] | None:
+        """The body as it arrives, in chunks (once, instead of ``body()``); None when it cannot stream.
+
+        The adapter ends it with ``ClientDisconnected`` if the body stops short of its declared length.
+        """
+        stream, self._stream = self._stream, None
+        if stream is None or self._body is not None:
+            return None
+        self.streamed = True
+        return stream()
 
     @property
     def origin(self) -> str | None:

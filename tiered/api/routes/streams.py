@@ -17,6 +17,7 @@ in ``protocol``, state rules in the state machine, and errors are
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
@@ -24,16 +25,17 @@ from tiered.api.kit.types import Handler, LiveLease, Request, Response
 from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
-from tiered.core.content import is_text_like, json_messages_to_array, valid_media_type
+from tiered.core.content import is_json, is_text_like, json_messages_to_array, valid_media_type
 from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
 from tiered.engine.streams import integrity
 from tiered.engine.streams.conditions import parse_expected_offset, parse_record_match
+from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
 from tiered.engine.streams.protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
-from tiered.engine.streams.service import StreamService
+from tiered.engine.streams.service import AppendResult, StreamService
 
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 # Headers whose values we store or echo: they must be clean UTF-8 text.
@@ -54,6 +56,7 @@ class StreamRoutes:
         locator_valid_ms: int = 0,
         locator_span_bytes: int = 0,
         snapshots: SnapshotRoutes | None = None,
+        large: LargeBodies | None = None,
     ) -> None:
         """``locator_valid_ms`` > 0 (cluster mode): peers may ask for cold locators (``tiered/engine/streams/locators.py``)."""
         self.service = service
@@ -64,6 +67,7 @@ class StreamRoutes:
         self.long_poll_timeout_s = long_poll_timeout_s
         self.sse_max_connection_s = sse_max_connection_s
         self.snapshots = snapshots  # stream snapshots and bootstrap reads (``tiered.api.routes.snapshots``)
+        self.large = large  # large bodies stored by reference (``tiered.engine.streams.large_bodies``)
         # The route table's handlers (``tiered.api.table``): each checks the headers, then serves.
         self.serve_append = self._checked(self.append)
         self.serve_read = self._checked(self.read)
@@ -151,23 +155,20 @@ class StreamRoutes:
         if stream_seq == "":
             raise bad_request("Stream-Seq must not be empty")
         content_type = h.get("Content-Type")
-        body = await request.body()
-        if not body and not close:
-            raise bad_request("an append needs a body (or Stream-Closed: true to close)")
-        if body:
-            if content_type is None:
-                raise bad_request("an append with a body needs a Content-Type")
-            if not valid_media_type(content_type):
-                raise bad_request(f"invalid Content-Type {content_type!r}")
         expected = parse_expected_offset(h)
         record_match = parse_record_match(h)
-        result = await self.service.append(
-            bucket,
-            path,
-            AppendRequest(
-                content_type, body, close, producer, epoch, seq, stream_seq, expected, record_match
-            ),
+        req = AppendRequest(
+            content_type, b"", close, producer, epoch, seq, stream_seq, expected, record_match
         )
+        size = request.declared_length()
+        stream = None
+        if self.large is not None and self.large.takes(size) and not is_json(content_type or ""):
+            stream = request.body_stream()  # a large body: streamed to its own object, journaled by reference
+        if stream is not None and size is not None and self.large is not None:
+            _check_body_type(content_type)
+            result = await self.large.append(bucket, path, req, size, stream)
+        else:
+            result = await self._append_body(request, bucket, path, req)
         headers = {"Stream-Next-Offset": format_offset(result.tail)}
         next_record = self.service.record_at(result.stream, result.tail, result.tail)
         if next_record is not None:
@@ -180,6 +181,17 @@ class StreamRoutes:
             # 200 says "new data stored"; duplicates and close-only say 204.
             return Response(200 if result.stored else 204, headers)
         return Response(204, headers)
+
+    async def _append_body(
+        self, request: Request, bucket: str, path: str, req: AppendRequest
+    ) -> AppendResult:
+        """An append whose body goes through the journal (read whole, within ``max_body_bytes``)."""
+        body = await request.body()
+        if not body and not req.close:
+            raise bad_request("an append needs a body (or Stream-Closed: true to close)")
+        if body:
+            _check_body_type(req.content_type)
+        return await self.service.append(bucket, path, replace(req, data=body))
 
     # ---------------------------------------------------------------- delete, head
 
@@ -544,6 +556,13 @@ def _expiry_headers(s: Stream, headers: dict[str, str]) -> None:
         headers["Stream-TTL"] = str(s.ttl_s)
     if s.expires_at is not None:
         headers["Stream-Expires-At"] = s.expires_at
+
+
+def _check_body_type(content_type: str | None) -> None:
+    if content_type is None:
+        raise bad_request("an append with a body needs a Content-Type")
+    if not valid_media_type(content_type):
+        raise bad_request(f"invalid Content-Type {content_type!r}")
 
 
 def _producer(h: Mapping[str, str]) -> tuple[str | None, int, int]:

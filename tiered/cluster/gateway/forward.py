@@ -61,6 +61,9 @@ _HOP = frozenset(
     }
 )
 _CHUNK = 64 * 1024
+#: Bodies declared larger than this (by default) are streamed to the owner, not read whole first;
+#: smaller ones are held, so a forward that failed before sending can be sent again.
+STREAM_ABOVE = 8 * 1024 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
@@ -107,9 +110,16 @@ def moved_away(response: Response) -> bool:
 
 class Forwarder:
     def __init__(
-        self, node_id: str, *, connect_timeout_s: float = 2.0, read_timeout_s: float = 120.0
+        self,
+        node_id: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 120.0,
+        stream_above: int = STREAM_ABOVE,
     ) -> None:
+        """``stream_above``: bodies declared larger are streamed on (the large-body threshold)."""
         self.node_id = node_id
+        self.stream_above = stream_above
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._unix: dict[str, UnixHttp] = {}  # a multi-worker node's siblings, by socket
@@ -193,8 +203,24 @@ class Forwarder:
         if request.host:
             # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
             headers["Host"] = request.host
-        body = await request.body()
-        if path is not None:
+        if request.streamed:  # a retry after a large body was streamed on: it cannot be sent again
+            raise TieredError(
+                ErrorCode.SHARD_NOT_OWNED,
+                f"shard {shard}: the owner could not take the body streamed to it; retry",
+                shard=shard,
+                retry_after_s=1,
+            )
+        body: bytes | AsyncIterator[bytes] | None = None
+        declared = request.declared_length()
+        if declared is not None and declared > self.stream_above:
+            body = request.body_stream()  # a large body: streamed on, never held whole
+            if body is not None:
+                headers["Content-Length"] = str(declared)
+        if body is None:
+            body = await request.body()
+        if path is not None:  # to a worker (docs/workers.md): over its Unix socket, the body whole
+            if not isinstance(body, bytes):
+                body = b"".join([chunk async for chunk in body])
             return await self._forward_unix(request.method, path, target, headers, body, shard)
         # The client library adds headers the original request may not have had (a Content-Type for
         # a body, above all): forward exactly what the client sent.

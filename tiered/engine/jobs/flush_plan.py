@@ -56,7 +56,7 @@ def plan_flush(
             continue
         c = s.chunks
         i = max(0, bisect_right(c.starts, s.cold_end) - 1)
-        chunks = []
+        chunks: list[tuple[int, int, int, int, int]] = []
         size = 0
         while i < len(c) and c.starts[i] < end and size < budget:
             start, length, pos = c.starts[i], c.lens[i], c.poss[i]
@@ -65,6 +65,8 @@ def plan_flush(
                 pos += s.cold_end - start
                 length -= s.cold_end - start
                 start = s.cold_end
+            if chunks and start != chunks[-1][0] + chunks[-1][1]:
+                break  # a gap: a large body stored by reference, cold already (``payloads``)
             if start >= s.cold_end:
                 chunks.append((start, length, c.segs[i], pos, c.times[i]))
                 size += length

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.engine.streams import integrity
+from tiered.engine.streams.cold_prefix import settle
 from tiered.engine.streams.model import ColdObject, ColdRef
 from tiered.engine.streams.records import (
     ColdCopyAborted,
@@ -52,6 +53,7 @@ def apply_copy_committed(state: StreamState, record: ColdCopyCommitted) -> None:
         s.cold_refs.append(ColdRef(r.start, r.end, record.key))
         s.cold_end = r.end
         integrity.note_cold(s, r.start, r.end)
+        settle(s)  # past it may lie a large body stored by reference (``payloads``)
         state.hot_bytes += hot_contribution(s) - before
         obj.refs += 1
         if s.uid in state.children and s.retained_from > s.fork_offset:

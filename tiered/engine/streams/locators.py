@@ -166,8 +166,8 @@ def _locate(
         if not isinstance(sl, ColdSlice) or sl.start != at or len(pieces) >= MAX_PIECES:
             break  # the hot tier starts here (or the locator is long enough)
         obj = state.cold_objects.get(sl.key)
-        if obj is None or obj.deleting:
-            break
+        if obj is None or obj.deleting or obj.payload is not None:
+            break  # a large body stored by reference is read through its owner (its digest checks it)
         try:
             index = obj.index.for_stream(sl.bucket, sl.path)
         except KeyError:

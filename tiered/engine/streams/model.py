@@ -21,6 +21,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import msgspec
 
+from tiered.cold.objects.payload import PayloadDigest
 from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.content import is_json
 from tiered.engine.streams.integrity import StreamIntegrity
@@ -158,6 +159,10 @@ class ColdObject(msgspec.Struct, array_like=True):
     deleting: bool = False  # a journaled delete is under way
     # Derived (rebuilt on restore from the streams' cold references): live stream ranges that read from it.
     refs: int = 0
+    # A large body stored by reference (``payloads``): the object is its raw bytes, checked by this digest
+    # (``index`` is empty); ``payload_base`` is the stream offset of its first byte.
+    payload: PayloadDigest | None = None
+    payload_base: int = 0
 
 
 class PublishedSnapshot(msgspec.Struct, frozen=True, array_like=True):

@@ -21,6 +21,7 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ports import StoreHealth
 from tiered.engine.streams.cold_read import damaged, read_cold
 from tiered.engine.streams.model import ColdSlice, Stream
+from tiered.engine.streams.payload_read import read_payload_slice
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog, SegmentUnchecked
 from tiered.hot.segment import DamagedRecordError
@@ -73,9 +74,10 @@ class StreamReader:
             # All hot, all the stream's own: the common catch-up case, no slice objects.
             i = bisect_right(c.starts, start) - 1
             data = hot.read_run(c.starts, c.lens, c.segs, c.poss, i, start, end)
-            if self.on_egress is not None:
-                self.on_egress(s.bucket, len(data), 0)
-            return data
+            if len(data) == end - start:  # else a large body stored by reference lies in between: plan it
+                if self.on_egress is not None:
+                    self.on_egress(s.bucket, len(data), 0)
+                return data
         slices = self.state.plan_read(s, start, end)
         # Hot slices first, with no await in between: a segment the plan names
         # cannot be trimmed and deleted while cold reads are in flight.
@@ -110,6 +112,14 @@ class StreamReader:
         def counted() -> None:
             self.integrity_errors["cold"] += 1
 
+        if obj.payload is not None:  # a large body stored by reference: its raw bytes, checked per block
+            return await read_cold(
+                lambda: read_payload_slice(cold.store, obj, sl.start, sl.end),
+                sl,
+                timeout_s=self.cold_read_timeout_s,
+                on_damaged=counted,
+                health=self.store_health,
+            )
         return await read_cold(
             lambda: cold.read(sl.key, obj.index, sl.bucket, sl.path, sl.start, sl.end),
             sl,

@@ -2,6 +2,8 @@
 
 Forks read their source below the fork point, through the whole ancestry.
 Hot copies may outlive their cold commit (hot retention): they are preferred.
+A large body stored by reference (``payloads``) leaves a gap in the hot
+chunks: its cold reference serves it.
 """
 
 from __future__ import annotations
@@ -38,13 +40,19 @@ def _plan(state: StreamState, s: Stream, start: int, end: int, out: list[ReadSli
     c = s.chunks
     i = max(0, bisect_right(c.starts, start) - 1)
     n = len(c)
+    pos = start  # read up to here
     while i < n and c.starts[i] < end:
         cs, cl = c.starts[i], c.lens[i]
         lo = max(start, cs)
         hi = min(end, cs + cl)
+        if lo > pos:
+            _plan_cold(s, pos, lo, out)  # a gap in the hot chunks: a large body stored by reference
         if hi > lo:
             out.append(HotSlice(c.segs[i], c.poss[i] + (lo - cs), hi - lo))
+            pos = hi
         i += 1
+    if pos < end:
+        _plan_cold(s, pos, end, out)  # past the last hot chunk: a large body stored by reference
 
 
 def _plan_cold(s: Stream, start: int, end: int, out: list[ReadSlice]) -> None:

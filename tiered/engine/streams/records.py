@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tiered.cold.objects.payload import PayloadDigest
 from tiered.cold.parquet.chunk_index import ChunkIndex
 
 
@@ -53,6 +54,11 @@ class Appended(_Record, frozen=True, tag="append.v1"):
     stream_seq: str | None
     close: bool  # close the stream after this (possibly empty) append
     data: bytes
+
+    @property
+    def length(self) -> int:
+        """How many stream bytes the append adds (a ``PayloadAppended`` holds them in an object)."""
+        return len(self.data)
 
 
 class StreamDeleted(_Record, frozen=True, tag="delete.v1"):
@@ -213,6 +219,23 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     ranges: tuple[CopyRange, ...]
 
 
+class PayloadAppended(Appended, frozen=True, tag="append.payload.v1"):
+    """A large body stored by reference (``payloads``): an append whose bytes are the object ``key``.
+
+    ``data`` is empty; the body was streamed to ``key`` (journaled first as a
+    ``ColdCopyStarted`` intent) and ``digest`` checks every byte read back.
+    Applying it makes ``key`` a cold object the stream references for
+    ``[offset, offset + digest.size)``, released like any other.
+    """
+
+    key: str
+    digest: PayloadDigest
+
+    @property
+    def length(self) -> int:
+        return self.digest.size
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -233,4 +256,5 @@ StreamRecord = (
     | SnapshotPublished
     | SnapshotRetentionSet
     | ColdRewriteCommitted
+    | PayloadAppended
 )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.engine.streams import integrity
+from tiered.engine.streams.cold_prefix import settle
 from tiered.engine.streams.model import ColdRef, Stream
 from tiered.engine.streams.records import RetentionAdvanced, RetentionPolicySet
 
@@ -143,6 +144,7 @@ def release(state: StreamState, s: Stream, ts_ms: int) -> None:
     if hi is not None:
         s.keep_end = hi if s.keep_end is None else min(s.keep_end, hi)
     s.cold_end = max(s.cold_end, s.keep_start)
+    settle(s)  # retention may reach a large body stored by reference past the prefix (``payloads``)
     needed = _needed_intervals(state, s)
     kept: list[ColdRef] = []
     for ref in s.cold_refs:

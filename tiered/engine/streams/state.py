@@ -23,7 +23,7 @@ from typing import Any, ClassVar, cast
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.streams import appends, cold_refs, lifecycle, reads, release, rewrites, snapshots
+from tiered.engine.streams import appends, cold_refs, lifecycle, payloads, reads, release, rewrites, snapshots
 from tiered.engine.streams.model import (
     AppendRequest,
     ColdObject,
@@ -47,6 +47,7 @@ from tiered.engine.streams.records import (
     ColdDeleteStarted,
     ColdRewriteCommitted,
     HotTrimmed,
+    PayloadAppended,
     ProducersExpired,
     RetentionAdvanced,
     RetentionPolicySet,
@@ -234,4 +235,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     SnapshotPublished: lambda st, r, _: snapshots.apply_published(st, r),
     SnapshotRetentionSet: lambda st, r, _: snapshots.apply_retention_set(st, r),
     ColdRewriteCommitted: lambda st, r, _: rewrites.apply_rewrite_committed(st, r),
+    PayloadAppended: payloads.apply_payload_appended,  # large bodies stored by reference
 }

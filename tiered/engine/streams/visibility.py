@@ -133,7 +133,7 @@ class VisibilityObserver:
 
     def on_durable(self, record: Any) -> Callable[[], None] | None:
         if isinstance(record, Appended):
-            end, uid, close = record.offset + len(record.data), record.uid, record.close
+            end, uid, close = record.offset + record.length, record.uid, record.close
         elif isinstance(record, StreamCreated):
             end, uid, close = record.fork_offset + len(record.data), record.uid, record.closed
         else:

@@ -125,7 +125,7 @@ class FootprintCache:
             if not isinstance(token, int):  # the totals were computed in between: walk again
                 self._totals = None
                 return ()
-            grown = len(record.data) + s.producer_bytes - token
+            grown = record.length + s.producer_bytes - token
             if grown:
                 row = self._row(s.bucket)
                 assert row is not None

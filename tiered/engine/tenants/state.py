@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from tiered.core.errors import ErrorCode, TieredError
-from tiered.engine.streams.records import Appended, StreamCreated
+from tiered.engine.streams.records import Appended, PayloadAppended, StreamCreated
 from tiered.engine.streams.state import StreamState
 from tiered.engine.tenants.quotas import validate_overrides
 from tiered.engine.tenants.records import TENANT_RECORD_TYPES, QuotaSet, UsageRecorded
@@ -34,7 +34,7 @@ class _TenantSnap(msgspec.Struct, array_like=True):
 class TenantState:
     name = "tenants"
     record_types: tuple[type, ...] = TENANT_RECORD_TYPES
-    observed_types: tuple[type, ...] = (StreamCreated, Appended)
+    observed_types: tuple[type, ...] = (StreamCreated, Appended, PayloadAppended)
 
     def __init__(self) -> None:
         self.quotas: dict[str, dict[str, int | None]] = {}  # bucket -> explicit overrides
@@ -76,9 +76,9 @@ class TenantState:
     def observe(self, record: Any, streams: StreamState) -> None:
         """A stream record was applied: count what it stored."""
         if isinstance(record, Appended):
-            if record.data:
+            if record.length:  # a large body stored by reference counts its bytes too
                 u = self.usage_of(streams.streams[record.uid].bucket)
-                u.appended_bytes += len(record.data)
+                u.appended_bytes += record.length
                 u.appended_records += 1
         elif isinstance(record, StreamCreated) and record.data:
             u = self.usage_of(record.bucket)

@@ -1,0 +1,208 @@
+"""Large bodies stored by reference: the shell (decide, upload, decide again, commit, answer).
+
+An append whose declared length is above the threshold never goes through the
+journal. Its body is streamed to an object of its own (``tiered.cold.objects.
+payload``), and only then is a ``PayloadAppended`` reference journaled at the
+stream's next offset range. In order:
+
+1. the append rules and the bucket's quotas judge it first, with the body's
+   declared size (a refusal reads none of a body it cannot store; a retry of
+   an append already applied is answered as a duplicate once its body is read);
+2. ``ColdCopyStarted(key)`` is journaled and durable before the upload, so the
+   key is known while the upload runs (reconciliation never takes an upload
+   under way for an orphan, however long it takes);
+3. the body is streamed to ``key`` (multipart on S3), checksummed as it goes;
+4. the rules and quotas judge it again (the stream may have moved meanwhile),
+   and the reference is committed at the tail as it is then; the answer waits
+   for it to be durable.
+
+A failure at 3 or a refusal at 4 journals ``ColdCopyAborted`` and deletes
+the object (best effort). A crash anywhere before 4 leaves an intent the
+flusher aborts at the next start, and the object, if any, is an orphan
+reconciliation deletes after the grace delay: nothing acknowledged is ever
+lost, nothing unacknowledged lingers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import msgspec
+
+from tiered.cold.objects.keys import new_payload_key
+from tiered.cold.objects.payload import BodyLengthMismatch, PayloadDigest, upload_payload
+from tiered.cold.objects.store import ObjectStore, ObjectStoreError
+from tiered.core.clock import Clock
+from tiered.core.errors import ErrorCode, TieredError, bad_request
+from tiered.core.ports import PrefixOwner
+from tiered.engine.journal.committer import Committer
+from tiered.engine.streams import appends
+from tiered.engine.streams.model import AppendRequest, Duplicate, Stream
+from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted, PayloadAppended
+from tiered.engine.streams.service import AppendResult, WriteGate
+from tiered.engine.streams.state import StreamState
+
+log = logging.getLogger(__name__)
+
+#: Stands in for the body while the append rules judge a large append (they only ask whether it has one).
+_SOME_BODY = b"\x00"
+
+
+class LargeBodies:
+    """Appends of bodies above ``threshold`` bytes (up to ``max_bytes``), stored by reference."""
+
+    def __init__(
+        self,
+        state: StreamState,
+        committer: Committer,
+        store: ObjectStore,
+        clock: Clock,
+        *,
+        threshold: int,
+        max_bytes: int,
+        gate: WriteGate | None = None,
+        claim: PrefixOwner | None = None,
+    ) -> None:
+        self.state = state
+        self.committer = committer
+        self.store = store
+        self.clock = clock
+        self.threshold = threshold
+        self.max_bytes = max_bytes
+        self.gate = gate
+        self.claim = claim
+        # Counters (``/metrics``-ready): bodies stored, their bytes, uploads abandoned.
+        self.stored = 0
+        self.stored_bytes = 0
+        self.abandoned = 0
+
+    def takes(self, declared: int | None) -> bool:
+        """Whether a body of this declared length is stored by reference."""
+        return self.threshold > 0 and declared is not None and declared > self.threshold
+
+    async def append(
+        self, bucket: str, path: str, req: AppendRequest, size: int, body: AsyncIterator[bytes]
+    ) -> AppendResult:
+        """Append ``body`` (``size`` bytes, as declared) to the stream by reference."""
+        if size > self.max_bytes:
+            raise TieredError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"the body is larger than the server's limit for large bodies ({self.max_bytes} bytes)",
+            )
+        await self.committer.admit()
+        try:
+            s = self.state.lookup(bucket, path, self.clock.now_ms())
+            decided = self._decide(s, req, size)
+        except TieredError as exc:
+            await self.committer.settled()  # a refusal may rest on state still on its way to disk
+            raise exc from None
+        if isinstance(decided, Duplicate):
+            await _drain(body)
+            await self.committer.settled()
+            return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
+        if self.claim is not None and not await self.claim.still_held():
+            raise TieredError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "this server no longer owns its object-store prefix",
+                retry_after_s=5,
+            )
+        key = new_payload_key(self.clock.now_ms())
+        try:
+            # Inside: a request cancelled while the intent becomes durable still abandons it.
+            await self.committer.commit([ColdCopyStarted(key=key, ts_ms=self.clock.now_ms(), ranges=())])
+            digest, _ = await upload_payload(self.store, key, body, size)
+        except BaseException as exc:
+            await self._abandon(key, f"upload failed: {exc!r}"[:500])
+            if isinstance(exc, BodyLengthMismatch):
+                raise bad_request(f"{exc}: nothing was written") from None
+            if isinstance(exc, ObjectStoreError):
+                log.warning("large body upload to %s failed: %s", key, exc)
+                raise TieredError(
+                    ErrorCode.STORE_UNAVAILABLE, "the object store is unavailable; retry shortly"
+                ) from None
+            raise
+        return await self._commit(bucket, path, req, key, digest)
+
+    def _decide(self, s: Stream, req: AppendRequest, size: int) -> PayloadAppended | Duplicate:
+        """The append rules and quotas for ``s`` now (no ``await``: what they judge is what is committed)."""
+        decided = appends.check_append(
+            s, replace(req, data=_SOME_BODY), self.clock.now_ms(), self.state.producer_limits
+        )
+        if isinstance(decided, Duplicate):
+            return decided
+        if s.json:
+            raise TieredError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                "a JSON stream takes bodies up to the server's max_body_bytes (its messages are parsed "
+                "whole); large bodies are stored by reference only on streams of other content types",
+            )
+        change = appends.producer_change(self.state, s, decided)
+        if self.gate is not None:
+            self.gate.admit(
+                s.bucket,
+                body_bytes=size,
+                stored_bytes=size,
+                new_streams=0,
+                rated=True,
+                state_bytes=change.bytes_delta,
+            )
+        return PayloadAppended(
+            uid=decided.uid,
+            offset=decided.offset,
+            ts_ms=decided.ts_ms,
+            producer=decided.producer,
+            epoch=decided.epoch,
+            seq=decided.seq,
+            stream_seq=decided.stream_seq,
+            close=decided.close,
+            data=b"",
+            key="",
+            digest=PayloadDigest(size, 0, 0, ()),
+        )
+
+    async def _commit(
+        self, bucket: str, path: str, req: AppendRequest, key: str, digest: PayloadDigest
+    ) -> AppendResult:
+        """Judge the append again against the stream as it is now, and journal the reference."""
+        await self.committer.admit()
+        try:
+            s = self.state.lookup(bucket, path, self.clock.now_ms())
+            decided = self._decide(s, req, digest.size)
+        except TieredError as exc:
+            await self._abandon(key, f"refused after the upload: {exc.code.value}")
+            await self.committer.settled()
+            raise exc from None
+        if isinstance(decided, Duplicate):  # a retry of the same append won the race meanwhile
+            await self._abandon(key, "a duplicate of an append applied meanwhile")
+            await self.committer.settled()
+            return AppendResult(s, s.tail, s.closed, True, False, decided.epoch, decided.seq)
+        assert isinstance(decided, PayloadAppended)
+        record = msgspec.structs.replace(decided, key=key, digest=digest)
+        future = self.committer.commit_nowait([record])
+        tail, closed = s.tail, s.closed
+        await self.committer.durable(future)
+        self.stored += 1
+        self.stored_bytes += digest.size
+        return AppendResult(s, tail, closed, False, True, record.epoch, record.seq)
+
+    async def _abandon(self, key: str, reason: str) -> None:
+        """The upload will not be committed: journal that, then delete what it wrote (best effort)."""
+        self.abandoned += 1
+        log.info("large body upload %s abandoned: %s", key, reason)
+        try:
+            await self.committer.commit([ColdCopyAborted(key=key, ts_ms=self.clock.now_ms(), reason=reason)])
+        except Exception:
+            log.exception("could not journal the abort of %s (reconciliation will find it)", key)
+            return
+        try:
+            await self.store.delete(key)
+        except Exception as exc:  # an orphan now: reconciliation deletes it after the grace delay
+            log.warning("could not delete abandoned large body %s (reconciliation will): %s", key, exc)
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    """Read a body to its end and drop it (a duplicate's: the client is answered once it has sent it)."""
+    async for _ in body:
+        pass
