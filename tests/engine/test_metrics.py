@@ -114,6 +114,11 @@ def test_histograms_move_with_appends_syncs_flushes_store_calls_and_gc(tmp_path:
         assert delta(appended, before, 'tiered_http_requests_total{route="create",status="201"}') == 1
 
         wait_for(lambda: scrape(srv)["tiered_hot_bytes"] == 0, "the stream to move cold")
+        # The pass is timed when it ends, a moment after its commit moved the bytes cold.
+        wait_for(
+            lambda: delta(scrape(srv), before, "tiered_cold_flush_seconds_count") >= 1,
+            "the flush pass's timing",
+        )
         flushed = scrape(srv)
         objects = flushed["tiered_cold_puts_total"]  # one, unless a pass ran between two appends
         assert objects >= 1 and flushed["tiered_cold_objects"] == objects
