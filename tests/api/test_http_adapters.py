@@ -34,6 +34,10 @@ def srv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         request.param,
         "--max-body-bytes",
         str(LIMIT),
+        # Bodies through the journal only: its limit is what these tests are about (bodies stored by
+        # reference, above large_body_threshold_bytes, are tests/api/test_http_large_bodies.py's).
+        "--large-body-threshold-bytes",
+        "0",
         "--segment-bytes",
         str(4 * LIMIT),
         "--max-waiters",
