@@ -277,6 +277,18 @@ class Config:
         "how often each node publishes its shards' usage and reads the others' (bucket-wide quotas may be "
         "exceeded by what other nodes admit within about two intervals: docs/cluster.md)",
     )
+    # Checkpoints and restores (object-store durability; docs/cluster.md, "Checkpoints and restore").
+    cluster_checkpoint_max_objects: int = setting(
+        64,
+        "object-store durability: a shard's owner writes a checkpoint object once its live bytes are in this many "
+        "WAL objects, so a new owner restores from the checkpoint objects plus at most this many WAL objects",
+    )
+    cluster_checkpoint_max_mib: int = setting(
+        32, "object-store durability: ... or once the live bytes in those WAL objects reach this many MiB"
+    )
+    cluster_restore_concurrency: int = setting(
+        8, "object-store durability: how many objects a restoring shard fetches from the store at once"
+    )
 
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
@@ -363,6 +375,7 @@ class Config:
                 raise ConfigError("cluster_fork_pin_grace_s and cluster_fork_pin_sweep_s must be positive")
             if not self.cluster_usage_interval_s > 0:
                 raise ConfigError("cluster_usage_interval_s must be positive")
+            self._validate_checkpoints()
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):
@@ -391,6 +404,15 @@ class Config:
             raise ConfigError("producer_ttl_s must be at least 0.001 and max_producers_per_stream at least 1")
         if self.metrics_max_buckets < 0:
             raise ConfigError("metrics_max_buckets must not be negative")
+
+    def _validate_checkpoints(self) -> None:
+        """Checkpoints and restores (object-store durability)."""
+        counts = (self.cluster_checkpoint_max_objects, self.cluster_checkpoint_max_mib)
+        if min(*counts, self.cluster_restore_concurrency) < 1:
+            raise ConfigError(
+                "cluster_checkpoint_max_objects, cluster_checkpoint_max_mib and cluster_restore_concurrency "
+                "must be at least 1"
+            )
 
     @property
     def data_path(self) -> Path:
