@@ -232,6 +232,7 @@ class ShardHost:
     def stopped(self, shard: int, reason: str) -> None:
         node = self.engines.pop(shard, None)
         self.epochs.pop(shard, None)
+        self.restores.pop(shard, None)  # its metrics go with it (the log line stays)
         shipper = self.shippers.pop(shard, None)
         if shipper is not None:
             shipper.close(reason)  # refuse new waits, fail the ones waiting; its loop ends with the engine
