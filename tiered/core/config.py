@@ -279,7 +279,7 @@ class Config:
     )
     # Checkpoints and restores (object-store durability; docs/cluster.md, "Checkpoints and restore").
     cluster_checkpoint_max_objects: int = setting(
-        64,
+        16,
         "object-store durability: a shard's owner writes a checkpoint object once its live bytes are in this many "
         "WAL objects, so a new owner restores from the checkpoint objects plus at most this many WAL objects",
     )
@@ -287,7 +287,7 @@ class Config:
         32, "object-store durability: ... or once the live bytes in those WAL objects reach this many MiB"
     )
     cluster_restore_concurrency: int = setting(
-        8, "object-store durability: how many objects a restoring shard fetches from the store at once"
+        16, "object-store durability: how many objects a restoring shard fetches from the store at once"
     )
 
     def validate(self) -> None:

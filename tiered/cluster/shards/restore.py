@@ -64,7 +64,7 @@ async def restore_shard(
     shard: int,
     directory: Path,
     *,
-    concurrency: int = 8,
+    concurrency: int = 16,
     clock: Clock | None = None,
 ) -> tuple[WalIndex, RestoreReport]:
     """Rebuild the shard's files under ``directory`` from its chain and objects; the index, and what it took."""

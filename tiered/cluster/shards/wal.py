@@ -92,7 +92,7 @@ def _scan(directory: Path) -> list[tuple[str, Path]]:
 
 
 async def restore(
-    store: ObjectStore, cas: CasStore, shard: int, directory: Path, *, concurrency: int = 8
+    store: ObjectStore, cas: CasStore, shard: int, directory: Path, *, concurrency: int = 16
 ) -> WalIndex:
     """Rebuild the shard's files under ``directory`` from its chain (latest checkpoint on) and objects.
 
@@ -165,7 +165,10 @@ class WalShipper:
         self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
         self._last_reconcile = clock.monotonic()
         # Checkpoint objects (``tiered/cluster/shards/checkpoint.py``): the restore set stays under the bound.
-        self.restore_bound = restore_bound or RestoreBound(64, 32 * 1024 * 1024)
+        self.restore_bound = restore_bound or RestoreBound(16, 32 * 1024 * 1024)
+        # Objects this owner knows were referenced (restored, or named by its landed commits): a checkpoint
+        # releases those it no longer refers to without listing the prefix (the reconciliation lists).
+        self._known: set[str] = index.referenced()
         self.checkpoint_objects = 0
         self.checkpoint_bytes = 0
 
@@ -288,6 +291,8 @@ class WalShipper:
         commit = WalCommit(pieces, deleted)
         entry = await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if moved on
         self._commits.add(entry.seq)
+        if data:
+            self._known.add(key)
         self.index.apply(commit)
         for name, start, chunk in writes:
             self.shipped[name] = start + len(chunk)
@@ -306,29 +311,34 @@ class WalShipper:
     def _backlog_full(self) -> bool:
         return backlog(self.index).reaches(self.restore_bound)
 
-    async def _checkpoint(self, *, force: bool = False) -> None:
+    async def _checkpoint(self, *, force: bool = False, listing: bool = False) -> None:
         """Record the whole index and the pending releases (new garbage released here, before any delete).
 
         With the backlog at its bound, the live bytes go into a checkpoint object first and the entry
         names it: the WAL objects it replaces are garbage from the moment the entry lands (and are
         released by it). A crash before the entry leaves the object unreferenced: garbage, not loss.
+        ``listing``: look for garbage in a listing of the prefix too (objects no landed commit of ours
+        named: an older owner's, a failed ship's); otherwise only the objects known referenced before.
         """
         if self._since_checkpoint == 0 and not force:
             return
         plan = await self._checkpoint_object() if self._backlog_full() else None
         target = WalIndex(plan.files) if plan is not None else self.index
-        released = self.released
-        try:
-            listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
-            released = plan_releases(
-                target, listed, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
-            )
-        except ObjectStoreError as exc:
-            log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
+        candidates = set(self._known)
+        if listing:
+            try:
+                candidates.update([info.key async for info in self.store.list(wal_prefix(self.shard))])
+            except ObjectStoreError as exc:
+                log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
+        released = plan_releases(
+            target, candidates, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
+        )
         entry = await self.cluster.commit(self.shard, encode_payload(target.checkpoint(released)))
         self._commits.add(entry.seq)
+        self._known.difference_update(released)
         if plan is not None:
             self.index.files = {k: list(v) for k, v in plan.files.items()}
+            self._known.add(plan.key)
             self.checkpoint_objects += 1
             self.checkpoint_bytes += plan.size
         fresh = len(released) - len(self.released)
@@ -391,7 +401,7 @@ class WalShipper:
                 self._last_reconcile = self.clock.monotonic()
                 async with self._lock:
                     if await self._has_garbage():
-                        await self._checkpoint(force=True)
+                        await self._checkpoint(force=True, listing=True)
             await self._delete_due()
             await self._prune()
         except TieredError as exc:
