@@ -189,7 +189,7 @@ class WalShipper:
         """Ship now, then checkpoint: before a handoff, so the next owner restores quickly."""
         async with self._lock:
             await self._ship()
-            await self._checkpoint()
+            await self._checkpoint(listing=True)  # the next owner starts with no garbage left unreleased
 
     def close(self, reason: str) -> None:
         """Refuse new waits and fail the writes waiting (the shard left this node; its loop ends with its engine)."""
