@@ -248,7 +248,9 @@ def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> 
         nodes: list[NodeProc] = []
         try:
             for i in range(count):
-                node = NodeProc(Path(tmp), f"n{i + 1}", s3_url, prefix, args, mode)
+                node = NodeProc(
+                    Path(tmp), f"n{i + 1}", s3_url, prefix, args, mode, tuple(args.node_args.split())
+                )
                 node.wait_up(60)
                 nodes.append(node)
             deadline = time.monotonic() + 30
@@ -392,20 +394,23 @@ def run_age(s3_url: str, s3: Any, label: str, args: argparse.Namespace) -> AgeRe
             urls = [n.url for n in nodes]
             streams = list(per_shard.values())
             for name in streams:
-                create(f"{urls[0]}/v1/stream/{name}")
-            victim = nodes[0]
-            shards = sorted(victim.serving())
+                create(
+                    f"{urls[0]}/v1/stream/{name}", timeout=120
+                )  # a loaded machine: placement settles slowly
+            aged_shards = sorted(nodes[0].serving()) or list(range(args.shards))
             t0 = time.monotonic()
-            if simulated:  # only the victim's shards are aged (the ship rate is the store's, shared)
-                aged = [per_shard[s] for s in shards]
+            if simulated:  # only one node's shards are aged (the ship rate is the store's, shared)
+                aged = [per_shard[s] for s in aged_shards]
                 while time.monotonic() - t0 < min(args.max_sim_s, age_s / 5):
                     load_args = argparse.Namespace(**{**vars(args), "seconds": 5.0})
                     asyncio.run(load(urls, aged, load_args))
-                    if min(chain_tip(s3, prefix, shard) for shard in shards) >= target:
+                    if min(chain_tip(s3, prefix, shard) for shard in aged_shards) >= target:
                         break
             else:
                 asyncio.run(load(urls, streams, argparse.Namespace(**{**vars(args), "seconds": age_s})))
             load_s = time.monotonic() - t0
+            # The victim: the node holding most of the aged shards now (a loaded machine may have moved some).
+            victim = max(nodes, key=lambda n: len(n.serving() & set(aged_shards)))
             shards = sorted(victim.serving())
             tips = [chain_tip(s3, prefix, shard) for shard in shards]
             survivors = [n for n in nodes if n is not victim]
@@ -469,6 +474,7 @@ def main() -> int:
         default="",
         help="takeover gap against shard age instead: e.g. 10s,100s,10m*,1h* (* simulated by chain length)",
     )
+    parser.add_argument("--node-args", default="", help="more `tiered serve` options for every node")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--keep", help="put the age rows' node directories and logs here (kept)")
     parser.add_argument("--max-sim-s", type=float, default=600.0)
