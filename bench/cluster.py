@@ -445,8 +445,14 @@ def ages_main(s3_url: str, args: argparse.Namespace) -> list[AgeResult]:
     results = []
     for _ in range(args.repeats):
         for label in args.ages.split(","):
-            r = run_age(s3_url, s3, label, args)
+            try:
+                r = run_age(s3_url, s3, label, args)
+            except (RuntimeError, OSError) as exc:  # a row that could not start (a churning cluster): said so
+                print(f"age {label:>5}: not measured ({exc!r})", flush=True)
+                continue
             results.append(r)
+            if args.json:
+                args.json.write_text(json.dumps([asdict(x) for x in results], indent=2))
             gaps = ", ".join("-" if g is None else f"{g:.2f}" for g in r.gaps_s)
             print(
                 f"age {r.age:>5} (load {r.load_s:6.1f} s, chain {min(r.chain_entries, default=0)}-"
