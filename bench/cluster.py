@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -247,7 +248,9 @@ def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> 
         nodes: list[NodeProc] = []
         try:
             for i in range(count):
-                node = NodeProc(Path(tmp), f"n{i + 1}", s3_url, prefix, args, mode)
+                node = NodeProc(
+                    Path(tmp), f"n{i + 1}", s3_url, prefix, args, mode, tuple(args.node_args.split())
+                )
                 node.wait_up(60)
                 nodes.append(node)
             deadline = time.monotonic() + 30
@@ -285,6 +288,181 @@ def run_config(s3_url: str, mode: str, count: int, args: argparse.Namespace) -> 
     )
 
 
+@dataclass
+class AgeResult:
+    age: str
+    simulated: bool
+    load_s: float
+    chain_entries: list[int]  # the killed owner's shards: chain positions reached (about one per ship)
+    gaps_s: list[float | None]  # per killed-owner shard: SIGKILL -> first acknowledged append there
+    restore_s: list[float]  # the new owners' tiered_cluster_restore_seconds for those shards
+    restore_objects: list[int]
+
+
+def chain_tip(s3: Any, prefix: str, shard: int) -> int:
+    """The highest position in a shard's manifest chain (the chain is pruned below checkpoints: a short list)."""
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/_tiered/cluster/manifests/{shard:04d}/")
+    names = [o["Key"].rsplit("/", 1)[-1] for o in listed.get("Contents", [])]
+    return max((int(n.split(".")[0]) for n in names if n.endswith(".json")), default=0)
+
+
+def stream_per_shard(shards: int) -> dict[int, str]:
+    """One stream name per shard (the cluster's own hash)."""
+    from tiered.cluster.membership.shards import shard_of
+    from tiered.core.ids import DEFAULT_BUCKET
+
+    out: dict[int, str] = {}
+    i = 0
+    while len(out) < shards:
+        name = f"age-{i}"
+        out.setdefault(shard_of(DEFAULT_BUCKET, name, shards), name)
+        i += 1
+    return out
+
+
+def metric_samples(url: str, name: str) -> dict[str, float]:
+    """``name``'s samples on a node's /metrics, by shard label."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith(name + "{") and 'shard="' in line and 'kind="checkpoint"' not in line:
+            shard = line.split('shard="', 1)[1].split('"', 1)[0]
+            out[shard] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def probe_takeovers(urls: list[str], streams: list[str], timeout: float) -> list[float | None]:
+    """Seconds from now until an append to each stream is acknowledged through a surviving node."""
+    start = time.monotonic()
+
+    async def one(session: aiohttp.ClientSession, i: int, stream: str) -> float | None:
+        while time.monotonic() - start < timeout:
+            url = f"{urls[i % len(urls)]}/v1/stream/{stream}"
+            try:
+                async with session.post(
+                    url, data=b"x", headers={"Content-Type": "application/octet-stream"}
+                ) as r:
+                    await r.read()
+                    if r.status == 204:
+                        return time.monotonic() - start
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.02)
+        return None
+
+    timeout_cfg = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(timeout=timeout_cfg) as session:
+        return list(await asyncio.gather(*(one(session, i, s) for i, s in enumerate(streams))))
+
+
+def run_age(s3_url: str, s3: Any, label: str, args: argparse.Namespace) -> AgeResult:
+    """One row: a fresh 3-node object-store cluster, loaded to the age, one owner SIGKILLed.
+
+    ``Ns``: N seconds of load at the configured WAL interval. ``Nm*``/``Nh*``: simulated by chain
+    length: appends to the victim's shards with a 5 ms WAL interval until their chains reached the ships
+    N minutes or hours of steady appends make at the configured interval (for at most a fifth of the
+    age, and --max-sim-s: the row reports the chain length reached).
+    """
+    simulated = label.endswith("*")
+    unit = {"s": 1, "m": 60, "h": 3600}[label.rstrip("*")[-1]]
+    age_s = float(label.rstrip("*")[:-1]) * unit
+    target = int(age_s * 1000 / args.wal_interval_ms)
+    prefix = f"bench-age-{label.rstrip('*')}-{uuid.uuid4().hex[:6]}"
+    extra = (
+        "--cluster-checkpoint-max-objects", str(args.checkpoint_max_objects),
+        "--cluster-checkpoint-max-mib", str(args.checkpoint_max_mib),
+    )  # fmt: skip
+    sim_args = argparse.Namespace(**{**vars(args), "wal_interval_ms": 5}) if simulated else args
+    per_shard = stream_per_shard(args.shards)
+    kept = contextlib.nullcontext(tempfile.mkdtemp(prefix="age-", dir=args.keep)) if args.keep else None
+    with kept or tempfile.TemporaryDirectory(prefix="tiered-cluster-age-") as tmp:
+        nodes: list[NodeProc] = []
+        try:
+            for i in range(3):
+                node = NodeProc(Path(tmp), f"n{i + 1}", s3_url, prefix, sim_args, "object-store", extra)
+                node.wait_up(60)
+                nodes.append(node)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and set().union(*(n.serving() for n in nodes)) != set(
+                range(args.shards)
+            ):
+                time.sleep(0.2)
+            urls = [n.url for n in nodes]
+            streams = list(per_shard.values())
+            for name in streams:
+                create(
+                    f"{urls[0]}/v1/stream/{name}", timeout=120
+                )  # a loaded machine: placement settles slowly
+            aged_shards = sorted(nodes[0].serving()) or list(range(args.shards))
+            t0 = time.monotonic()
+            if simulated:  # only one node's shards are aged (the ship rate is the store's, shared)
+                aged = [per_shard[s] for s in aged_shards]
+                while time.monotonic() - t0 < min(args.max_sim_s, age_s / 5):
+                    load_args = argparse.Namespace(**{**vars(args), "seconds": 5.0})
+                    asyncio.run(load(urls, aged, load_args))
+                    if min(chain_tip(s3, prefix, shard) for shard in aged_shards) >= target:
+                        break
+            else:
+                asyncio.run(load(urls, streams, argparse.Namespace(**{**vars(args), "seconds": age_s})))
+            load_s = time.monotonic() - t0
+            # The victim: the node holding most of the aged shards now (a loaded machine may have moved some).
+            victim = max(nodes, key=lambda n: len(n.serving() & set(aged_shards)))
+            shards = sorted(victim.serving())
+            tips = [chain_tip(s3, prefix, shard) for shard in shards]
+            survivors = [n for n in nodes if n is not victim]
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+            gaps = asyncio.run(
+                probe_takeovers([n.url for n in survivors], [per_shard[s] for s in shards], 60)
+            )
+            seconds: dict[str, float] = {}
+            objects: dict[str, float] = {}
+            for n in survivors:
+                seconds.update(metric_samples(n.url, "tiered_cluster_restore_seconds"))
+                objects.update(metric_samples(n.url, "tiered_cluster_restore_objects"))
+            keys = [f"{s:04d}" for s in shards]
+        finally:
+            for n in nodes:
+                n.stop()
+    return AgeResult(
+        label,
+        simulated,
+        load_s,
+        tips,
+        gaps,
+        [seconds.get(k, float("nan")) for k in keys],
+        [int(objects.get(k, -1)) for k in keys],
+    )
+
+
+def ages_main(s3_url: str, args: argparse.Namespace) -> list[AgeResult]:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_url, region_name=REGION)
+    results = []
+    for _ in range(args.repeats):
+        for label in args.ages.split(","):
+            try:
+                r = run_age(s3_url, s3, label, args)
+            except (RuntimeError, OSError) as exc:  # a row that could not start (a churning cluster): said so
+                print(f"age {label:>5}: not measured ({exc!r})", flush=True)
+                continue
+            results.append(r)
+            if args.json:
+                args.json.write_text(json.dumps([asdict(x) for x in results], indent=2))
+            gaps = ", ".join("-" if g is None else f"{g:.2f}" for g in r.gaps_s)
+            print(
+                f"age {r.age:>5} (load {r.load_s:6.1f} s, chain {min(r.chain_entries, default=0)}-"
+                f"{max(r.chain_entries, default=0)} entries): takeover gaps [{gaps}] s; restores "
+                f"{', '.join(f'{x:.3f}' for x in r.restore_s)} s from {r.restore_objects} objects",
+                flush=True,
+            )
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", default="1,2,3")
@@ -297,6 +475,17 @@ def main() -> int:
     parser.add_argument("--body", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--ages",
+        default="",
+        help="takeover gap against shard age instead: e.g. 10s,100s,10m*,1h* (* simulated by chain length)",
+    )
+    parser.add_argument("--node-args", default="", help="more `tiered serve` options for every node")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--keep", help="put the age rows' node directories and logs here (kept)")
+    parser.add_argument("--max-sim-s", type=float, default=600.0)
+    parser.add_argument("--checkpoint-max-objects", type=int, default=16)
+    parser.add_argument("--checkpoint-max-mib", type=int, default=32)
     args = parser.parse_args()
 
     import boto3
@@ -312,6 +501,11 @@ def main() -> int:
         host, port = server.get_host_and_port()
         s3_url = f"http://{host}:{port}"
         boto3.client("s3", endpoint_url=s3_url, region_name=REGION).create_bucket(Bucket=BUCKET)
+        if args.ages:
+            ages = ages_main(s3_url, args)
+            if args.json:
+                args.json.write_text(json.dumps([asdict(r) for r in ages], indent=2))
+            return 0
         for mode in args.modes.split(","):
             for count in (int(n) for n in args.nodes.split(",")):
                 r = run_config(s3_url, mode, count, args)

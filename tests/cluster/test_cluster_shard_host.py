@@ -168,3 +168,34 @@ def test_with_local_durability_no_other_node_serves_a_dead_writers_shards(harnes
     assert sorted(host_back.engines) == [0, 1] and host_y.engines == {}
     for path in paths.values():
         assert harness.run(_read(host_back, path)) == b"only on x's disk"
+
+
+def test_a_shard_starts_without_waiting_for_another_shards_engine_to_close(tmp_path: Path) -> None:
+    """Placement off the hot path: a takeover's engine start waits only for its own shard's previous engine."""
+    loop = asyncio.new_event_loop()
+    host = ShardHost(Config(data_dir=str(tmp_path)), "n1", jobs=False)
+    release = asyncio.Event()
+    closing = host._close
+
+    async def slow_close(shard, node, reason):  # type: ignore[no-untyped-def]
+        await release.wait()  # an engine whose stop hangs (a slow flush, a stuck store)
+        await closing(shard, node, reason)
+
+    async def scenario() -> None:
+        await host.serve(0, 1)
+        host._close = slow_close  # type: ignore[method-assign]
+        host.stopped(0, "handed off")
+        await asyncio.wait_for(host.serve(1, 1), 30)  # another shard: not held up by shard 0's close
+        assert set(host.engines) == {1}
+        again = asyncio.ensure_future(host.serve(0, 2))
+        await asyncio.sleep(0.05)
+        assert not again.done(), "the same shard waits for its previous engine to let go of its directory"
+        release.set()
+        await asyncio.wait_for(again, 30)
+        assert set(host.engines) == {0, 1}
+        await host.close()
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()

@@ -37,6 +37,7 @@ from tiered.cluster.features.bucket_totals_exchange import UsageExchange
 from tiered.cluster.gateway.forward import Forwarder
 from tiered.cluster.membership.lease import HoldState
 from tiered.cluster.membership.node_shell import ClusterNode
+from tiered.cluster.shards.restore_metrics import ShardRecords, restore_families
 from tiered.core.clock import Clock
 from tiered.engine.engine import Engine
 from tiered.engine.supervisor import Supervisor
@@ -71,6 +72,7 @@ class Source(Protocol):
     node: ClusterNode | None
     forwarder: Forwarder
     supervisor: Supervisor
+    host: ShardRecords  # restores and checkpoints (object-store durability)
 
     def engines(self) -> dict[int, Engine]:
         """Every shard's engine on this node (served now or not)."""
@@ -210,3 +212,4 @@ class _NodeCollector:
             value=usage.errors,
         )
         yield from cluster.supervisor.families()
+        yield from restore_families(cluster.host)

@@ -323,6 +323,19 @@ class Config:
         5 * 1024 * MiB, "largest body stored by reference; larger gets 413 (at most 5 TiB, S3's object limit)"
     )
 
+    # Checkpoints and restores (object-store durability; docs/cluster.md, "Checkpoints and restore").
+    cluster_checkpoint_max_objects: int = setting(
+        16,
+        "object-store durability: a shard's owner writes a checkpoint object once its live bytes are in this many "
+        "WAL objects, so a new owner restores from the checkpoint objects plus at most this many WAL objects",
+    )
+    cluster_checkpoint_max_mib: int = setting(
+        32, "object-store durability: ... or once the live bytes in those WAL objects reach this many MiB"
+    )
+    cluster_restore_concurrency: int = setting(
+        16, "object-store durability: how many objects a restoring shard fetches from the store at once"
+    )
+
     def validate(self) -> None:
         if self.fsync not in ("always", "interval"):
             raise ConfigError("fsync must be 'always' or 'interval'")
@@ -410,6 +423,7 @@ class Config:
                 raise ConfigError("cluster_fork_pin_grace_s and cluster_fork_pin_sweep_s must be positive")
             if not self.cluster_usage_interval_s > 0:
                 raise ConfigError("cluster_usage_interval_s must be positive")
+            self._validate_checkpoints()
         elif self.durability != "local":
             raise ConfigError("durability = 'object-store' needs cluster mode (cluster_node_id)")
         if self.auth not in ("", "none", "tokens", "jwt"):
@@ -483,6 +497,15 @@ class Config:
         ):
             raise ConfigError(
                 "large_body_max_bytes must be above large_body_threshold_bytes and at most 5 TiB"
+            )
+
+    def _validate_checkpoints(self) -> None:
+        """Checkpoints and restores (object-store durability)."""
+        counts = (self.cluster_checkpoint_max_objects, self.cluster_checkpoint_max_mib)
+        if min(*counts, self.cluster_restore_concurrency) < 1:
+            raise ConfigError(
+                "cluster_checkpoint_max_objects, cluster_checkpoint_max_mib and cluster_restore_concurrency "
+                "must be at least 1"
             )
 
     @property

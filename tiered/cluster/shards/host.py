@@ -49,8 +49,10 @@ from dataclasses import dataclass
 from tiered.cluster.membership import keys
 from tiered.cluster.membership.cas import CasStore
 from tiered.cluster.membership.manifest import ManifestEntry
+from tiered.cluster.shards.checkpoint import RestoreBound
+from tiered.cluster.shards.restore import RestoreReport, restore_shard
 from tiered.cluster.shards.takeover import decode_grant, grant_allows
-from tiered.cluster.shards.wal import Chain, WalShipper, restore
+from tiered.cluster.shards.wal import Chain, WalShipper
 from tiered.cold.objects.store import ObjectStore
 from tiered.core.clock import Clock, SystemClock
 from tiered.core.config import Config
@@ -116,13 +118,15 @@ class ShardHost:
         self.engine_factory = engine_factory
         self.engines: dict[int, Engine] = {}
         self.epochs: dict[int, int] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], int] = {}  # engines closing in the background -> their shard
         self.cas = cas
         self.wal = wal
         self.object_store = wal is not None
         self.shippers: dict[int, WalShipper] = {}
         self.shared_disk = shared_disk
         self.locks: dict[int, DataDirLock] = {}  # shared_disk: each open shard's directory lock
+        #: The latest restore of each shard served here (object-store durability): ``/metrics``.
+        self.restores: dict[int, RestoreReport] = {}
 
     def engine(self, shard: int) -> Engine:
         """The engine serving ``shard`` here; the cluster's ``may_acknowledge`` gates its writes."""
@@ -173,7 +177,9 @@ class ShardHost:
         return grant_allows(grant, latest, self.node_id)
 
     async def serve(self, shard: int, epoch: int) -> None:
-        await self._wait_closed()  # a previous engine of this shard must have let go of its directory
+        # A previous engine of this shard must have let go of its directory (only this shard's: a takeover
+        # never waits for other shards' engines to close).
+        await self._wait_closed(shard)
         if shard in self.engines:
             self.epochs[shard] = epoch
             shipper = self.shippers.get(shard)
@@ -218,7 +224,15 @@ class ShardHost:
         shipper = None
         if self.wal is not None:
             # The store holds the truth; the local directory is a cache, rebuilt from the chain.
-            index = await restore(self.wal.store, self.wal.chain.store, shard, config.data_path)
+            index, report = await restore_shard(
+                self.wal.store,
+                self.wal.chain.store,
+                shard,
+                config.data_path,
+                concurrency=self.base.cluster_restore_concurrency,
+                clock=self.clock,
+            )
+            self.restores[shard] = report
             shipper = WalShipper(
                 shard,
                 epoch,
@@ -231,6 +245,11 @@ class ShardHost:
                 gc_grace_s=self.base.gc_grace_s,
                 gc_limit=self.base.gc_max_objects_per_pass,
                 reconcile_interval_s=self.base.reconcile_interval_s,
+                checkpoint_every=self.base.cluster_checkpoint_max_objects,
+                restore_bound=RestoreBound(
+                    self.base.cluster_checkpoint_max_objects,
+                    self.base.cluster_checkpoint_max_mib * 1024 * 1024,
+                ),
             )
         node = self.engine_factory(shard, config, self.clock, shipper)
         try:
@@ -257,6 +276,7 @@ class ShardHost:
     def stopped(self, shard: int, reason: str) -> None:
         node = self.engines.pop(shard, None)
         self.epochs.pop(shard, None)
+        self.restores.pop(shard, None)  # its metrics go with it (the log line stays)
         shipper = self.shippers.pop(shard, None)
         if shipper is not None:
             shipper.close(reason)  # refuse new waits, fail the ones waiting; its loop ends with the engine
@@ -265,8 +285,8 @@ class ShardHost:
         # Stop taking requests now; closing (jobs, journal, store) finishes in the background.
         node.streams.begin_shutdown()
         task = asyncio.get_running_loop().create_task(self._close(shard, node, reason))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing[task] = shard
+        task.add_done_callback(lambda done: self._closing.pop(done, None))
 
     async def _close(self, shard: int, node: Engine, reason: str) -> None:
         try:
@@ -277,9 +297,11 @@ class ShardHost:
             self._unlock(shard)  # only once closed: the next owner may open the directory now
         log.info("shard %d: engine closed (%s)", shard, reason)
 
-    async def _wait_closed(self) -> None:
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+    async def _wait_closed(self, shard: int | None = None) -> None:
+        """Wait for the engines closing in the background: ``shard``'s, or (None) every one."""
+        tasks = [task for task, of in self._closing.items() if shard is None or of == shard]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
         """Close every engine (after the cluster node handed its shards off)."""

@@ -33,19 +33,24 @@ import asyncio
 import logging
 import os
 import secrets
-import shutil
 from pathlib import Path
 from typing import Protocol
 
 from tiered.cluster.membership import keys
 from tiered.cluster.membership.cas import CasError, CasStore
-from tiered.cluster.membership.manifest import EntryKind, ManifestEntry, decode_entry
+from tiered.cluster.membership.manifest import ManifestEntry, decode_entry
+from tiered.cluster.shards.checkpoint import (
+    CheckpointPlan,
+    RestoreBound,
+    backlog,
+    checkpoint_key,
+    plan_checkpoint,
+)
+from tiered.cluster.shards.restore import restore_shard
 from tiered.cluster.shards.wal_index import (
-    Checkpoint,
     Piece,
     WalCommit,
     WalIndex,
-    decode_payload,
     encode_payload,
     wal_key,
     wal_prefix,
@@ -65,8 +70,6 @@ from tiered.hot.segment import parse_segment_name
 __all__ = ["Chain", "WalShipper", "restore"]
 
 log = logging.getLogger(__name__)
-
-_MIRRORED = ("hot", "snapshots")
 
 
 def _scan(directory: Path) -> list[tuple[str, Path]]:
@@ -88,53 +91,14 @@ def _scan(directory: Path) -> list[tuple[str, Path]]:
     return out
 
 
-async def restore(store: ObjectStore, cas: CasStore, shard: int, directory: Path) -> WalIndex:
-    """Rebuild the shard's files under ``directory`` from its chain (latest checkpoint on) and WAL objects."""
-    listed = await cas.list(keys.manifest_prefix(shard))
-    tail: list[bytes] = []
-    for item in reversed(listed):
-        seq = keys.seq_of_manifest_key(item.key)
-        if seq is None:
-            continue
-        found = await cas.get(item.key)
-        if found is None:
-            continue
-        entry = decode_entry(found.data, shard, seq)
-        if entry.kind is not EntryKind.COMMIT or not entry.payload:
-            continue
-        tail.append(entry.payload)
-        if isinstance(decode_payload(entry.payload, shard), Checkpoint):
-            checkpoint_seq = seq
-            break
-    else:
-        checkpoint_seq = None
-    index = WalIndex()
-    for data in reversed(tail):
-        index.apply(decode_payload(data, shard))
-    index.checkpoint_seq = checkpoint_seq
-    for name in _MIRRORED:
-        shutil.rmtree(directory / name, ignore_errors=True)
-    cache: dict[str, bytes] = {}
-    for name, pieces in sorted(index.files.items()):
-        path = directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            for piece in pieces:
-                if not piece.length:
-                    continue  # a cut: no bytes (its object may never have been written, or be released)
-                if piece.wal not in cache:
-                    cache[piece.wal] = await store.get(piece.wal)
-                f.seek(piece.at)
-                f.write(cache[piece.wal][piece.wal_at : piece.wal_at + piece.length])
-            f.truncate(index.size(name))
-    log.info(
-        "shard %d: restored %d files (%d bytes) from %d WAL objects and %d chain entries",
-        shard,
-        len(index.files),
-        sum(index.size(n) for n in index.files),
-        len(cache),
-        len(tail),
-    )
+async def restore(
+    store: ObjectStore, cas: CasStore, shard: int, directory: Path, *, concurrency: int = 16
+) -> WalIndex:
+    """Rebuild the shard's files under ``directory`` from its chain (latest checkpoint on) and objects.
+
+    Parallel and streaming: ``tiered/cluster/shards/restore.py`` (``restore_shard`` also says what it took).
+    """
+    index, _ = await restore_shard(store, cas, shard, directory, concurrency=concurrency)
     return index
 
 
@@ -164,7 +128,10 @@ class WalShipper:
         gc_grace_s: float = 300.0,
         gc_limit: int = 1000,
         reconcile_interval_s: float = 3600.0,
+        restore_bound: RestoreBound | None = None,
     ) -> None:
+        """``restore_bound``: when to write a checkpoint object (``checkpoint.py``); ``checkpoint_every``: ships
+        between checkpoint entries (the chain a restore reads back)."""
         self.shard = shard
         self.epoch = epoch
         self.directory = directory
@@ -197,6 +164,13 @@ class WalShipper:
         self._kept: set[int] = set()  # positions below the checkpoint holding fences
         self._commits: set[int] = set()  # positions of our own commit entries (no read needed to prune them)
         self._last_reconcile = clock.monotonic()
+        # Checkpoint objects (``tiered/cluster/shards/checkpoint.py``): the restore set stays under the bound.
+        self.restore_bound = restore_bound or RestoreBound(16, 32 * 1024 * 1024)
+        # Objects this owner knows were referenced (restored, or named by its landed commits): a checkpoint
+        # releases those it no longer refers to without listing the prefix (the reconciliation lists).
+        self._known: set[str] = index.referenced()
+        self.checkpoint_objects = 0
+        self.checkpoint_bytes = 0
 
     def renew(self, epoch: int) -> None:
         """The lease was renewed at ``epoch`` (the same engine goes on serving the shard)."""
@@ -215,7 +189,7 @@ class WalShipper:
         """Ship now, then checkpoint: before a handoff, so the next owner restores quickly."""
         async with self._lock:
             await self._ship()
-            await self._checkpoint()
+            await self._checkpoint(listing=True)  # the next owner starts with no garbage left unreleased
 
     def close(self, reason: str) -> None:
         """Refuse new waits and fail the writes waiting (the shard left this node; its loop ends with its engine)."""
@@ -252,11 +226,8 @@ class WalShipper:
                 await asyncio.sleep(wait)  # group commit: everything that arrives meanwhile joins this ship
             waiting, self._waiting = self._waiting, []
             try:
-                async with self._lock:
-                    self._last_start = self.clock.monotonic()
-                    await self._ship()
-                    if self._since_checkpoint >= self.checkpoint_every:
-                        await self._checkpoint()
+                self._last_start = self.clock.monotonic()
+                await self.ship_once()
             except TieredError as exc:
                 self._fail(waiting, exc)
                 if exc.code is not ErrorCode.SHARD_FENCED:
@@ -276,6 +247,13 @@ class WalShipper:
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
+
+    async def ship_once(self) -> None:
+        """One ship, then a checkpoint if one is due (ships since the last, or the restore set at its bound)."""
+        async with self._lock:
+            await self._ship()
+            if self._since_checkpoint >= self.checkpoint_every or self._backlog_full():
+                await self._checkpoint(force=True)
 
     def _changes(self) -> tuple[list[tuple[str, int, bytes]], list[str]]:
         writes: list[tuple[str, int, bytes]] = []
@@ -313,6 +291,8 @@ class WalShipper:
         commit = WalCommit(pieces, deleted)
         entry = await self.cluster.commit(self.shard, encode_payload(commit))  # fenced: raises if moved on
         self._commits.add(entry.seq)
+        if data:
+            self._known.add(key)
         self.index.apply(commit)
         for name, start, chunk in writes:
             self.shipped[name] = start + len(chunk)
@@ -328,26 +308,85 @@ class WalShipper:
         self._number += 1
         return self._number
 
-    async def _checkpoint(self, *, force: bool = False) -> None:
-        """Record the whole index and the pending releases (new garbage released here, before any delete)."""
+    def _backlog_full(self) -> bool:
+        return backlog(self.index).reaches(self.restore_bound)
+
+    async def _checkpoint(self, *, force: bool = False, listing: bool = False) -> None:
+        """Record the whole index and the pending releases (new garbage released here, before any delete).
+
+        With the backlog at its bound, the live bytes go into a checkpoint object first and the entry
+        names it: the WAL objects it replaces are garbage from the moment the entry lands (and are
+        released by it). A crash before the entry leaves the object unreferenced: garbage, not loss.
+        ``listing``: look for garbage in a listing of the prefix too (objects no landed commit of ours
+        named: an older owner's, a failed ship's); otherwise only the objects known referenced before.
+        """
         if self._since_checkpoint == 0 and not force:
             return
-        released = self.released
-        try:
-            listed = [info.key async for info in self.store.list(wal_prefix(self.shard))]
-            released = plan_releases(
-                self.index, listed, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
-            )
-        except ObjectStoreError as exc:
-            log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
-        entry = await self.cluster.commit(self.shard, encode_payload(self.index.checkpoint(released)))
+        plan = await self._checkpoint_object() if self._backlog_full() else None
+        target = WalIndex(plan.files) if plan is not None else self.index
+        candidates = set(self._known)
+        if listing:
+            try:
+                candidates.update([info.key async for info in self.store.list(wal_prefix(self.shard))])
+            except ObjectStoreError as exc:
+                log.info("shard %d: listing WAL objects failed (%s); releasing later", self.shard, exc)
+        released = plan_releases(
+            target, candidates, self.epoch, self.released, self.clock.now_ms(), self.gc_limit
+        )
+        entry = await self.cluster.commit(self.shard, encode_payload(target.checkpoint(released)))
         self._commits.add(entry.seq)
+        self._known.difference_update(released)
+        if plan is not None:
+            self.index.files = {k: list(v) for k, v in plan.files.items()}
+            self._known.add(plan.key)
+            self.checkpoint_objects += 1
+            self.checkpoint_bytes += plan.size
         fresh = len(released) - len(self.released)
         self.released = released
         self.checkpoint_seq = entry.seq
         self._since_checkpoint = 0
-        if fresh:
-            log.info("shard %d: released %d WAL objects (checkpoint %d)", self.shard, fresh, entry.seq)
+        if fresh or plan is not None:
+            log.info(
+                "shard %d: checkpoint %d%s; released %d WAL objects",
+                self.shard,
+                entry.seq,
+                f" names {plan.key} ({plan.size} bytes)" if plan is not None else "",
+                fresh,
+            )
+
+    async def _checkpoint_object(self) -> CheckpointPlan | None:
+        """Copy the live bytes the plan says from the local files into one create-only object (None: nothing).
+
+        A file gone since the last ship (flushed and deleted by the engine) is left as it is: the next
+        ship records its deletion.
+        """
+        key = checkpoint_key(self.shard, self.epoch, self._next_number(), self._token)
+        skip: frozenset[str] = frozenset()
+        for _ in range(3):
+            plan = plan_checkpoint(self.index, key, skip=skip)
+            if not plan.copies:
+                return None
+            data, missing = await asyncio.to_thread(self._read_copies, plan)
+            if not missing:
+                await self.store.put(key, data, if_none_match=True)
+                return plan
+            skip |= missing
+        return None
+
+    def _read_copies(self, plan: CheckpointPlan) -> tuple[bytes, frozenset[str]]:
+        parts: list[bytes] = []
+        missing: set[str] = set()
+        for copy in plan.copies:
+            try:
+                with open(self.directory / copy.file, "rb") as f:
+                    f.seek(copy.at)
+                    chunk = f.read(copy.length)
+            except FileNotFoundError:
+                chunk = b""
+            if len(chunk) != copy.length:
+                missing.add(copy.file)
+            parts.append(chunk)
+        return b"".join(parts), frozenset(missing)
 
     async def maintain(self) -> None:
         """One bounded GC pass: reconcile when due, delete released WAL objects past grace, prune the chain.
@@ -362,7 +401,7 @@ class WalShipper:
                 self._last_reconcile = self.clock.monotonic()
                 async with self._lock:
                     if await self._has_garbage():
-                        await self._checkpoint(force=True)
+                        await self._checkpoint(force=True, listing=True)
             await self._delete_due()
             await self._prune()
         except TieredError as exc:
