@@ -64,6 +64,8 @@ def plan_rewrite(state: StreamState, key: str) -> RewritePlan | None:
     obj = state.cold_objects.get(key)
     if obj is None or obj.deleting or obj.refs == 0 or key in state.copies_in_flight:
         return None
+    if obj.payload is not None:  # a large body's raw bytes, not Parquet: released whole, never rewritten
+        return None
     keep = tuple(
         KeptRange(uid, bucket, path, incarnation, ref.start, ref.end)
         for uid, bucket, path, incarnation, ref in refs_to(state, key)
