@@ -213,6 +213,36 @@ def test_a_reference_journaled_before_bodies_were_hashed_counts_nothing(tmp_path
 # --------------------------------------------------------------------------- ordinals, conditions
 
 
+@pytest.mark.parametrize("condition", ["expected_offset", "expected_record"])
+def test_a_condition_broken_during_the_upload_is_412_and_stores_nothing(
+    tmp_path: Path, condition: str
+) -> None:
+    config = cfg(tmp_path)
+    h = Harness(config)
+    body = big(THRESHOLD + 1, 4)
+
+    async def racing_body() -> AsyncIterator[bytes]:
+        async for chunk in chunked(body):
+            yield chunk
+        await h.append("default", "s", b"racer;")  # another writer wins while the body is stored
+
+    async def run() -> None:
+        await h.start()
+        await h.create("default", "s", b"m0;")
+        req = AppendRequest(OCTET, b"", False, **{condition: 3 if condition == "expected_offset" else 1})
+        with pytest.raises(TieredError) as err:
+            await h.s.large_bodies.append("default", "s", req, len(body), racing_body())
+        assert err.value.code is ErrorCode.TAIL_MISMATCH
+        assert await h.read("default", "s") == b"m0;racer;"
+        assert payload_keys(h) == set() and await stored_keys(h) == set()  # the upload was deleted
+        assert h.s.state.copies_in_flight == {}
+        assert live_of(h, "default", "s") == model_digest("default", "s", [(0, b"m0;"), (3, b"racer;")])
+        assert await verify_errors(h) == []
+        await h.stop()
+
+    asyncio.run(run())
+
+
 def test_a_large_body_is_one_message_and_honours_expected_offsets(tmp_path: Path) -> None:
     config = cfg(tmp_path)
     h = Harness(config)
