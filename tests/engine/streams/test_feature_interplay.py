@@ -40,7 +40,7 @@ from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.record_digest import MASK, digest_bytes, record_hash
 from tiered.engine.codec import decode_record, encode_record
-from tiered.engine.jobs.rewrite_plan import plan_rewrite
+from tiered.engine.jobs.rewrite_plan import AWAITING_DELETE, INHERITED, erasure_report, plan_rewrite
 from tiered.engine.streams import integrity
 from tiered.engine.streams.model import AppendRequest
 from tiered.engine.streams.records import ColdRewriteCommitted, PayloadAppended
@@ -369,6 +369,90 @@ def test_erasure_rewrite_keeps_the_other_buckets_digests_and_releases_payloads(t
         assert await verify_errors(h) == []
         await h.restart(crash=True)
         assert live_of(h, "beta", "b") == model_digest("beta", "b", beta_records)
+        assert await verify_errors(h) == []
+        await h.stop()
+
+    asyncio.run(run())
+
+
+def test_erasure_releases_the_erased_buckets_snapshots_and_keeps_the_others(tmp_path: Path) -> None:
+    config = cfg(tmp_path)
+    clock = VirtualClock()
+    h = Harness(config, clock=clock)
+
+    async def run() -> None:
+        await h.start()
+        for bucket in ("alpha", "beta"):
+            await h.bucket(bucket)
+        await h.create("alpha", "a", b"ALPHA-SECRET-1;")
+        await h.create("beta", "b", b"beta-1;")
+        assert await h.flush() == 1
+        await h.s.snapshots.publish("alpha", "a", 15, b"ALPHA-SECRET-STATE", OCTET)
+        await h.s.snapshots.publish("beta", "b", 7, b"beta-state", OCTET)
+        snaps = {k for k in h.s.state.cold_objects if is_snapshot_key(k)}
+        [beta_snap] = [k for k in snaps if h.s.streams.lookup("beta", "b").snapshot.key == k]  # type: ignore[union-attr]
+        await h.append("beta", "b", b"beta-2;")
+        assert await verify_errors(h) == []
+        await h.s.streams.erase_bucket("alpha")
+        [alpha_snap] = snaps - {beta_snap}
+        pending = erasure_report(h.s.state, clock.now_ms(), 3_600_000, GRACE_MS)
+        assert {o.key: o.status for b in pending.buckets for o in b.objects}[alpha_snap] == AWAITING_DELETE
+        now = clock.now_ms()
+        for at in (now, now + GRACE_MS + 1, now + 2 * GRACE_MS + 2, now + 3 * GRACE_MS + 3):
+            report = await h.gc(at)
+            assert report.errors == [] and report.integrity_errors == [], report
+        assert erasure_report(h.s.state, clock.now_ms(), 3_600_000, GRACE_MS).buckets[0].objects == []
+        left = await stored_keys(h)
+        assert {k for k in left if is_snapshot_key(k)} == {beta_snap}  # alpha's snapshot deleted
+        assert h.s.store is not None
+        for key in left:
+            assert b"ALPHA" not in await h.s.store.get(key), key
+        boot = await h.s.snapshots.bootstrap("beta", "b")
+        assert (boot.body, boot.updates) == (b"beta-state", b"beta-2;")
+        clock.advance(4 * GRACE_MS)
+        assert await verify_errors(h) == []
+        await h.stop()
+
+    asyncio.run(run())
+
+
+def test_a_fork_in_another_bucket_keeps_reading_an_erased_buckets_large_body(tmp_path: Path) -> None:
+    """The payload object a fork inherited stays while the fork reads it (as Parquet rows forks inherited)."""
+    config = cfg(tmp_path)
+    clock = VirtualClock()
+    h = Harness(config, clock=clock)
+    body = big(THRESHOLD + 33, 0x5A)
+
+    async def run() -> None:
+        await h.start()
+        for bucket in ("alpha", "beta"):
+            await h.bucket(bucket)
+        await h.create("alpha", "a", b"a0;")
+        await large_append(h, "alpha", "a", body)
+        await h.create("beta", "f", fork_from=("alpha", "a"))
+        await h.append("beta", "f", b"own;")
+        [payload] = payload_keys(h)
+        fork_live = live_of(h, "beta", "f")  # a fork's digest counts its own records only
+        assert fork_live == model_digest("beta", "f", [(3 + len(body), b"own;")])
+        await h.s.streams.erase_bucket("alpha")
+        now = clock.now_ms()
+        for at in (now, now + GRACE_MS + 1, now + 2 * GRACE_MS + 2):
+            report = await h.gc(at)
+            assert report.errors == [] and report.integrity_errors == [], report
+        assert payload in await stored_keys(h)
+        assert await h.read("beta", "f") == b"a0;" + body + b"own;"
+        # The erasure report names the object as still holding alpha's bytes, for the fork (no deadline).
+        report = erasure_report(h.s.state, clock.now_ms(), 3_600_000, GRACE_MS)
+        [(bucket, held)] = [(b.bucket, o) for b in report.buckets for o in b.objects]
+        assert (bucket, held.key, held.status, held.bytes, held.overdue) == (
+            "alpha",
+            payload,
+            INHERITED,
+            len(body),
+            False,
+        )
+        assert live_of(h, "beta", "f") == fork_live
+        clock.advance(4 * GRACE_MS)
         assert await verify_errors(h) == []
         await h.stop()
 

@@ -131,6 +131,9 @@ def _unread_rows_of(read: dict[tuple[str, str], int], obj: ColdObject, buckets: 
 def erased_held(obj: ColdObject, erased: dict[str, int]) -> dict[str, int]:
     """Bucket -> bytes of its rows ``obj`` holds, for the erased buckets among them."""
     held: dict[str, int] = {}
+    owner = obj.owner_bucket
+    if owner is not None and owner in erased:  # a large body's or a stream snapshot's object: all of it
+        held[owner] = obj.size
     for e in obj.index.streams:
         if e.bucket in erased:
             held[e.bucket] = held.get(e.bucket, 0) + sum(r.end_offset - r.start_offset for r in e.ranges)

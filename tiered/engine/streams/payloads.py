@@ -50,6 +50,7 @@ def apply_payload_appended(state: StreamState, record: PayloadAppended, location
             empty_index(digest.size),
             payload=digest,
             payload_base=record.offset,
+            owner_bucket=s.bucket,
         )
         state.cold_objects[record.key] = obj
     if digest.size:
