@@ -32,6 +32,7 @@ import msgspec
 import pytest
 
 from tests.support.gc_support import Harness, VirtualClock, journal_records, make_config
+from tests.support.s3_backends import backend_for
 from tiered.cli import verify_digests
 from tiered.cli.verify import verify_cold, verify_erasure
 from tiered.cold.objects.keys import is_payload_key, is_snapshot_key
@@ -52,13 +53,14 @@ OCTET = "application/octet-stream"
 THRESHOLD = 64 * 1024
 
 
-def cfg(tmp_path: Path) -> Config:
+def cfg(tmp_path: Path, **settings: Any) -> Config:
     return make_config(
         tmp_path / "data",
         gc_grace_s=GRACE_MS / 1000,
         large_body_threshold_bytes=THRESHOLD,
         large_body_max_bytes=64 * 1024 * 1024,
         erasure_deadline_s=3600.0,
+        **settings,
     )
 
 
@@ -165,8 +167,18 @@ def test_a_large_body_is_one_record_of_the_digest_and_verify_recomputes_it(tmp_p
     asyncio.run(run())
 
 
-def test_a_tail_moved_during_the_upload_is_hashed_for_the_offset_the_body_lands_at(tmp_path: Path) -> None:
-    config = cfg(tmp_path)
+@pytest.mark.parametrize("backend", ["local", "moto"])
+def test_a_tail_moved_during_the_upload_is_hashed_for_the_offset_the_body_lands_at(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend == "local":
+        moved(cfg(tmp_path))
+        return
+    with backend_for(backend, request, monkeypatch) as store:  # multipart upload, ranged reads back
+        moved(cfg(tmp_path, **store.config()))
+
+
+def moved(config: Config) -> None:
     h = Harness(config)
     body = big(3 * PAYLOAD_BLOCK_BYTES // 2, 5)
     racer = b"racer;"
