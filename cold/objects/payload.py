@@ -16,7 +16,7 @@ upload, aborted on any failure). Pyarrow-free, like the rest of ``objects``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import google_crc32c
@@ -155,9 +155,17 @@ async def read_payload(store: ObjectStore, key: str, digest: PayloadDigest, lo: 
 
 
 async def verify_payload(
-    store: ObjectStore, key: str, digest: PayloadDigest, *, span_blocks: int = 8
+    store: ObjectStore,
+    key: str,
+    digest: PayloadDigest,
+    *,
+    span_blocks: int = 8,
+    on_bytes: Callable[[bytes], None] | None = None,
 ) -> None:
-    """Read a whole payload object a few blocks at a time; raise ``PayloadDamaged`` at the first bad block."""
+    """Read a whole payload object a few blocks at a time; raise ``PayloadDamaged`` at the first bad block.
+
+    ``on_bytes`` sees every checked span in order (``tiered verify`` hashes the body for its digests).
+    """
     crc = 0
     step = span_blocks * digest.block_bytes
     for a in range(0, digest.size, step):
@@ -167,5 +175,7 @@ async def verify_payload(
             raise PayloadDamaged(key, f"the store returned {len(data)} bytes for [{a}, {b})")
         check_blocks(key, digest, a // digest.block_bytes, data)
         crc = google_crc32c.extend(crc, data)
+        if on_bytes is not None:
+            on_bytes(data)
     if crc != digest.crc32c:
         raise PayloadDamaged(key, "the whole object's CRC32C does not match")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -125,7 +126,9 @@ async def verify_cold(
         obj = state.cold_objects[key]
         progress.step(key)
         if obj.payload is not None:  # a large body stored by reference: read a few blocks at a time
-            await _verify_payload(store, key, obj.payload, report)
+            hashes = verify_digests.PayloadHashes(obj.payload_base, obj.payload.size, readers.get(key, {}))
+            if await _verify_payload(store, key, obj.payload, report, hashes.update) and tally is not None:
+                hashes.add_to(tally)
             continue
         try:
             data = await store.get(key)
@@ -183,21 +186,31 @@ def verify_erasure(state: StreamState, config: Config, now_ms: int) -> list[str]
     ]
 
 
-async def _verify_payload(store: ObjectStore, key: str, digest: PayloadDigest, report: VerifyReport) -> None:
-    """Every block of a payload object against its reference's CRC32Cs, and the whole object's."""
+async def _verify_payload(
+    store: ObjectStore,
+    key: str,
+    digest: PayloadDigest,
+    report: VerifyReport,
+    on_bytes: Callable[[bytes], None] | None = None,
+) -> bool:
+    """Every block of a payload object against its reference's CRC32Cs, and the whole object's.
+
+    ``on_bytes`` sees every byte checked (the digests hash it); True once all were read and matched.
+    """
     try:
-        await verify_payload(store, key, digest)
+        await verify_payload(store, key, digest, on_bytes=on_bytes)
     except ObjectNotFound:
         report.errors.append(f"{key}: missing from the object store (metadata references it)")
-        return
+        return False
     except PayloadDamaged as exc:
         report.errors.append(f"{key}: {exc}")
-        return
+        return False
     except ObjectStoreError as exc:
         report.errors.append(f"{key}: cannot be read: {exc}")
-        return
+        return False
     report.objects += 1
     report.bytes += digest.size
+    return True
 
 
 def _check_range(rows: list[tuple[int, int, int]], start: int, end: int) -> str | None:

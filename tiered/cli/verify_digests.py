@@ -12,7 +12,10 @@ decoded) and recomputes the same values with the same hash
   of the reference it falls in (named: stream, range, object); a row of the
   stream outside the range the stream reads from that object is named too;
 * a row whose bytes do not hash to the contribution the writer put in the
-  object's footer (``tiered.integrity.v1``) is named with its row group.
+  object's footer (``tiered.integrity.v1``) is named with its row group;
+* a large body stored by reference (a payload object) is one record: its
+  bytes, read whole, hash to the contribution its reference journaled
+  (``PayloadHashes``), or its reference's sum differs and is named.
 
 Finally each stream's live digest, as recomputed, is compared with the
 journal's. Streams from before digests were kept are counted as unchecked.
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiered.cold.parquet.chunk import row_groups
-from tiered.core.record_digest import MASK, RecordHasher, format_digest
+from tiered.core.record_digest import MASK, HashState, RecordHasher, format_digest, hash_value
 from tiered.engine.streams.integrity import StreamIntegrity
 from tiered.engine.streams.model import ColdRef, Stream
 from tiered.engine.streams.state import StreamState
@@ -100,6 +103,35 @@ def tally_object(
                 tally.cold[slot] = _add(tally.cold.get(slot, (0, 0, 0)), (h, 1, len(r.payload)))
     except Exception as exc:  # damage the main check reports in full; here: what it means for digests
         tally.errors.append(f"{key}: rows cannot be read for their digests ({type(exc).__name__}: {exc})")
+
+
+class PayloadHashes:
+    """The digest contributions of one payload object, for each stream that counts it, as its bytes are read.
+
+    A stream counts a payload when it journaled the body's hash (its digests
+    hold a cold sum at the reference's start, which is where the body begins):
+    forks reading an inherited payload, and bodies journaled before payloads
+    were counted, count nothing here as in the journal.
+    """
+
+    def __init__(self, base: int, size: int, readers: dict[tuple[str, str], tuple[Stream, ColdRef]]) -> None:
+        self.size = size
+        self.slots: list[tuple[tuple[int, int], HashState]] = []
+        for s, ref in readers.values():
+            integ = s.integrity
+            if integ is None or ref.start != base or ref.start not in integ.cold:
+                continue
+            state = RecordHasher(s.bucket, s.path, s.incarnation).begin(ref.start, size)
+            self.slots.append(((s.uid, ref.start), state))
+
+    def update(self, data: bytes) -> None:
+        for _, state in self.slots:
+            state.update(data)
+
+    def add_to(self, tally: DigestTally) -> None:
+        """Once every byte was read: each stream's reference sums the body as one record."""
+        for slot, state in self.slots:
+            tally.cold[slot] = _add(tally.cold.get(slot, (0, 0, 0)), (hash_value(state), 1, self.size))
 
 
 def _hot_records(

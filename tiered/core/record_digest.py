@@ -29,6 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import TypeAlias
+
+#: A SHA-256 being fed a record's bytes (``RecordHasher.begin``).
+HashState: TypeAlias = "hashlib._Hash"
 
 DOMAIN = b"tiered.record.v1\n"
 MODULUS = 1 << 256
@@ -61,6 +65,22 @@ class RecordHasher:
         h.update(_pack_range(start, start + len(data)))
         h.update(data)
         return _from_bytes(h.digest(), "big")
+
+    def begin(self, start: int, size: int) -> HashState:
+        """A hash of the record of ``size`` bytes at ``start``, to be fed its bytes as they stream by.
+
+        The record's range comes before its bytes in the hash input, so a body
+        streamed before its offset is final is hashed for the offset expected
+        (``tiered.engine.streams.large_bodies`` re-reads it if that moved).
+        """
+        h = self._base.copy()
+        h.update(_pack_range(start, start + size))
+        return h
+
+
+def hash_value(h: HashState) -> int:
+    """The contribution a hash begun with ``RecordHasher.begin`` adds up to, once fed every byte."""
+    return _from_bytes(h.digest(), "big")
 
 
 def record_hash(bucket: str, stream: str, incarnation: int, start: int, data: bytes | memoryview) -> int:

@@ -64,6 +64,8 @@ def plan_rewrite(state: StreamState, key: str) -> RewritePlan | None:
     obj = state.cold_objects.get(key)
     if obj is None or obj.deleting or obj.refs == 0 or key in state.copies_in_flight:
         return None
+    if obj.payload is not None:  # a large body's raw bytes, not Parquet: released whole, never rewritten
+        return None
     keep = tuple(
         KeptRange(uid, bucket, path, incarnation, ref.start, ref.end)
         for uid, bucket, path, incarnation, ref in refs_to(state, key)
@@ -129,6 +131,9 @@ def _unread_rows_of(read: dict[tuple[str, str], int], obj: ColdObject, buckets: 
 def erased_held(obj: ColdObject, erased: dict[str, int]) -> dict[str, int]:
     """Bucket -> bytes of its rows ``obj`` holds, for the erased buckets among them."""
     held: dict[str, int] = {}
+    owner = obj.owner_bucket
+    if owner is not None and owner in erased:  # a large body's or a stream snapshot's object: all of it
+        held[owner] = obj.size
     for e in obj.index.streams:
         if e.bucket in erased:
             held[e.bucket] = held.get(e.bucket, 0) + sum(r.end_offset - r.start_offset for r in e.ranges)

@@ -157,6 +157,23 @@ def note_record(s: Stream, start: int, data: bytes) -> None:
     integ.hot.append((start, start + len(data), h))
 
 
+def note_payload(s: Stream, start: int, size: int, record_hash: bytes) -> None:
+    """A large body stored by reference (``payloads``) was applied at ``start``: one live record, cold at once.
+
+    Its hash was computed as the body streamed and journaled with it (a body is
+    never in memory whole); it is counted under its cold reference's start, so
+    dropping the reference releases it like any other.
+    """
+    integ = s.integrity
+    if integ is None or not record_hash or not size:
+        return
+    h = int.from_bytes(record_hash, "big")
+    integ.live = (integ.live + h) & MASK
+    integ.live_records += 1
+    integ.live_bytes += size
+    integ.cold[start] = (h, 1, size)
+
+
 def hot_digests(s: Stream) -> dict[tuple[int, int], int]:
     """The hash of each record not yet cold, by its ``(start, end)`` (empty without digests)."""
     integ = s.integrity

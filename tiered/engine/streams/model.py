@@ -163,6 +163,9 @@ class ColdObject(msgspec.Struct, array_like=True):
     # (``index`` is empty); ``payload_base`` is the stream offset of its first byte.
     payload: PayloadDigest | None = None
     payload_base: int = 0
+    # The bucket whose bytes a payload or stream snapshot object holds (a Parquet object's buckets are in
+    # its index), so the erasure report names it; None for objects from before it was kept.
+    owner_bucket: str | None = None
 
 
 class PublishedSnapshot(msgspec.Struct, frozen=True, array_like=True):

@@ -50,6 +50,7 @@ from tiered.core.content import is_json
 from tiered.engine.streams.records import (
     Appended,
     BucketErased,
+    PayloadAppended,
     RetentionAdvanced,
     StreamCreated,
     StreamDeleted,
@@ -158,6 +159,7 @@ class RecordsState:
         StreamDeleted,
         StreamExpired,
         BucketErased,
+        PayloadAppended,
     )
 
     def __init__(self) -> None:
@@ -173,6 +175,10 @@ class RecordsState:
             index = self.indexes.get(record.uid)
             if index is not None and record.data:
                 index.add(message_starts(record.offset, record.data, index.json))
+        elif type(record) is PayloadAppended:  # a large body stored by reference: one message
+            index = self.indexes.get(record.uid)
+            if index is not None and record.digest.size:
+                index.add([record.offset])
         elif type(record) is StreamCreated:
             self._created(record, state)
         elif type(record) is RetentionAdvanced:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.cold.parquet.chunk_index import ChunkIndex
-from tiered.engine.streams import appends
+from tiered.engine.streams import appends, integrity
 from tiered.engine.streams.cold_prefix import settle
 from tiered.engine.streams.model import ColdObject, ColdRef, Stream
 from tiered.engine.streams.records import PayloadAppended
@@ -50,12 +50,14 @@ def apply_payload_appended(state: StreamState, record: PayloadAppended, location
             empty_index(digest.size),
             payload=digest,
             payload_base=record.offset,
+            owner_bucket=s.bucket,
         )
         state.cold_objects[record.key] = obj
     if digest.size:
         before = hot_contribution(s)
         s.cold_refs.append(ColdRef(record.offset, record.offset + digest.size, record.key))
         obj.refs += 1
+        integrity.note_payload(s, record.offset, digest.size, record.record_hash)
         s.tail = record.offset + digest.size
         settle(s)
         state.hot_bytes += hot_contribution(s) - before

@@ -224,12 +224,16 @@ class PayloadAppended(Appended, frozen=True, tag="append.payload.v1"):
 
     ``data`` is empty; the body was streamed to ``key`` (journaled first as a
     ``ColdCopyStarted`` intent) and ``digest`` checks every byte read back.
+    ``record_hash`` is the body's integrity digest contribution (``integrity``).
     Applying it makes ``key`` a cold object the stream references for
     ``[offset, offset + digest.size)``, released like any other.
     """
 
     key: str
     digest: PayloadDigest
+    # Its integrity digest contribution (``tiered.core.record_digest``, 32 bytes big-endian), hashed as
+    # the body streamed; empty from a stream without digests, or journaled before payloads were counted.
+    record_hash: bytes = b""
 
     @property
     def length(self) -> int:

@@ -188,11 +188,12 @@ def snapshot_at(s: Stream, offset: int) -> PublishedSnapshot:
 def apply_published(state: StreamState, record: SnapshotPublished) -> None:
     state.copies_in_flight.pop(record.key, None)
     obj = state.cold_objects.get(record.key)
+    s = state.streams.get(record.uid)
     if obj is None:
         index = ChunkIndex(file_size=record.size, footer_length=0, row_groups=(), streams=())
-        obj = ColdObject(record.key, record.size, record.crc32c, record.ts_ms, index)
+        owner = s.bucket if s is not None else None
+        obj = ColdObject(record.key, record.size, record.crc32c, record.ts_ms, index, owner_bucket=owner)
         state.cold_objects[record.key] = obj
-    s = state.streams.get(record.uid)
     if s is None or s.soft_deleted:
         # Gone meanwhile: nobody owns the object, GC deletes it after the grace delay.
         if obj.refs == 0 and obj.released_ms is None:
