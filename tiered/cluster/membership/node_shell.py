@@ -984,6 +984,8 @@ class ClusterNode:
         task = self._serve_tasks.get(shard)
         if task is not None and not task.done():
             return
+        if hold.state is not HoldState.FENCING:
+            return  # a pass that began before the restore ended: it is served already
 
         def done(task: asyncio.Task[None]) -> None:
             if self._serve_tasks.get(shard) is task:
