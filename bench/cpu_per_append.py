@@ -79,7 +79,12 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
                     proc.kill()
                     proc.wait()
     ok = float(res.get("ok", res.get("ok_total", 0)) or (res["requests"] - res.get("non2xx_total", 0)))
-    return {"appends": ok, "cpu_s": cpu, "cpu_us_per_append": 1e6 * cpu / max(ok, 1.0), "appends_per_s": ok / wall}
+    return {
+        "appends": ok,
+        "cpu_s": cpu,
+        "cpu_us_per_append": 1e6 * cpu / max(ok, 1.0),
+        "appends_per_s": ok / wall,
+    }
 
 
 def main() -> int:
@@ -102,8 +107,10 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         rounds = ", ".join(f"{r['cpu_us_per_append']:.1f}" for r in runs)
         out[label] = {"median": med, "rounds": runs}
-        print(f"{label:>12}: {med['cpu_us_per_append']:7.1f} µs CPU/append  {med['appends_per_s']:8.0f} appends/s"
-              f"  (rounds: {rounds})")
+        print(
+            f"{label:>12}: {med['cpu_us_per_append']:7.1f} µs CPU/append  {med['appends_per_s']:8.0f} appends/s"
+            f"  (rounds: {rounds})"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
