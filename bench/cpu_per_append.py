@@ -7,7 +7,8 @@ the default), creates ``--streams`` streams, warms up with wrk, then reads the s
 system CPU (``/proc/PID/stat``) around a wrk window of ``--seconds`` with ``bench/wrk/append.lua``
 (``--size``-byte appends, round-robin). CPU per append = CPU seconds / 2xx responses: the machine's
 other load disturbs it far less than wall-time rates. Rounds alternate the builds so both see the
-same load; medians are printed (and written with ``--json``).
+same load; medians are printed (and written with ``--json``). ``--null`` adds ``bench/null_server.py``
+(a do-nothing handler on the same granian adapter): the floor of the HTTP stack itself.
 
     python bench/cpu_per_append.py --build before="env PYTHONPATH=/tmp/old python -m tiered.cli serve" \
         --build after="python -m tiered.cli serve" --rounds 3
@@ -49,7 +50,9 @@ def wrk(port: int, seconds: int, args: argparse.Namespace) -> dict[str, Any]:
 def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tiered-cpu-") as tmp:
-        argv = [*shlex.split(cmd), "--host", "127.0.0.1", "--port", str(port), "--data-dir", f"{tmp}/data"]
+        argv = [*shlex.split(cmd), "--host", "127.0.0.1", "--port", str(port)]
+        if "null_server.py" not in cmd:  # the do-nothing server keeps nothing
+            argv += ["--data-dir", f"{tmp}/data"]
         with open(f"{tmp}/server.log", "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -95,9 +98,14 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument(
+        "--null", action="store_true", help="add bench/null_server.py (granian): the stack's floor"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     builds = [b.split("=", 1) for b in args.build] or [["tiered", f"{sys.executable} -m tiered.cli serve"]]
+    if args.null:
+        builds.append(["do-nothing", f"{sys.executable} {HERE / 'null_server.py'} --stack granian"])
     rows: dict[str, list[dict[str, float]]] = {label: [] for label, _ in builds}
     for _ in range(args.rounds):
         for label, cmd in builds:
