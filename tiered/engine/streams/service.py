@@ -463,8 +463,11 @@ class StreamService:
 
     def record_at(self, s: Stream, offset: int, tail: int) -> int | None:
         """The ordinal of the message the byte at ``offset`` belongs to (the next one at ``tail``)."""
-        if self._index_of(s.uid) is None:
+        found = self._index_of(s.uid)
+        if found is None:
             return None
+        if offset >= tail:  # every append's Stream-Record-Next: one lookup
+            return found[0].first_at_or_after(tail)
         return ordinals.ordinal_containing(self._index_of, s.uid, offset, tail)
 
     def next_record(self, s: Stream) -> int | None:
