@@ -399,3 +399,12 @@ def test_retention_past_the_snapshot_refuses_bootstrap_instead_of_a_silent_gap(t
         await h.stop()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("content_type", [OCTET, JSON])
+def test_an_idempotent_repeat_that_asks_for_retention_gets_it(tmp_path: Path, content_type: str) -> None:
+    """The same snapshot published again with ``Stream-Snapshot-Retain: true`` is a success, and retains
+    (found by the property test: the repeat answered 204 and left the retained offset where it was)."""
+    asyncio.run(
+        run_sequence(tmp_path, [("append", 20), ("snapshot", 90), ("snapshot-retain", 90)], content_type)
+    )

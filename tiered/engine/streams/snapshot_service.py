@@ -125,6 +125,8 @@ class SnapshotService:
             raise await streams._refuse_when_durable(exc) from None
         if existing is not None:
             await self.committer.settled()  # the original may still be on its way to disk
+            if retain:  # a repeat that asks for retention gets it: the request is the same either way
+                s = await self.retain_to_snapshot(bucket, path)
             return Published(existing, s, False)
         if self.claim is not None and not await self.claim.still_held():
             raise TieredError(
@@ -157,6 +159,8 @@ class SnapshotService:
             raise
         if isinstance(decided, PublishedSnapshot):  # a concurrent identical publish won
             await self._abort(key, "the same snapshot was published meanwhile")
+            if req.retain:
+                s = await self.retain_to_snapshot(s.bucket, s.path)
             return Published(decided, s, False)
         await self.committer.durable(self.committer.commit_nowait(decided))
         await self.steps("commit")
