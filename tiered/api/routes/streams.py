@@ -22,6 +22,7 @@ from dataclasses import replace
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
 from tiered.api.kit.types import Handler, LiveLease, Request, Response
+from tiered.api.routes.keyed import keyed_headers, read_live_chunk
 from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
@@ -110,9 +111,14 @@ class StreamRoutes:
         ttl_s, expires_at, expires_at_ms = _expiry(h)
         closed = parse_closed(h.get("Stream-Closed"))
         fork = await self._fork_request(h, request.target.fork, bucket, path)
+        compaction_key = h.get(
+            "Stream-Compaction-Key"
+        )  # keyed compaction (``keyed``), checked by the service
         body = await request.body()
         created, s = await self.service.create(
-            bucket, path, CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork)
+            bucket,
+            path,
+            CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork, compaction_key),
         )
         v = self.service.view(s)
         headers = {"Content-Type": s.content_type, "Stream-Next-Offset": format_offset(v.tail)}
@@ -220,6 +226,7 @@ class StreamRoutes:
         digests = integrity.view(s)
         if digests is not None:  # none for a stream from data written before digests were kept
             headers["Stream-Integrity"] = digests.header()
+        keyed_headers(s, v.tail, headers)  # water marks (``keyed``)
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read
@@ -294,9 +301,14 @@ class StreamRoutes:
         async def read(start: int, end: int) -> bytes:
             return await service.read(s, start, end)
 
-        data, end, up_to_date = await read_chunk(
-            read, offset, v.tail, self.read_chunk_bytes, json=s.json, whole_chars=whole_chars
-        )
+        if s.holes and s.holes[-1][1] > offset:  # a compacted range: its removed messages skipped
+            data, end, up_to_date = await read_live_chunk(
+                read, s.holes, offset, v.tail, self.read_chunk_bytes
+            )
+        else:
+            data, end, up_to_date = await read_chunk(
+                read, offset, v.tail, self.read_chunk_bytes, json=s.json, whole_chars=whole_chars
+            )
         return data, end, up_to_date, up_to_date and v.closed
 
     async def _chunk_response(self, request: Request, s: Stream, offset: int, cursor: str | None) -> Response:
@@ -321,7 +333,7 @@ class StreamRoutes:
         Reached only after this request passed the same authorization, lookup
         and offset checks as the read itself, so a refusal is the read's own.
         """
-        if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1":
+        if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1" or s.holes:
             return None
         service = self.service
         now_ms = self.clock.now_ms()

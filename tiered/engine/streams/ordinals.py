@@ -51,6 +51,7 @@ from tiered.engine.streams.records import (
     Appended,
     BucketErased,
     RetentionAdvanced,
+    StreamCompacted,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
@@ -158,6 +159,7 @@ class RecordsState:
         StreamDeleted,
         StreamExpired,
         BucketErased,
+        StreamCompacted,
     )
 
     def __init__(self) -> None:
@@ -181,6 +183,9 @@ class RecordsState:
                 s = state.streams.get(advanced)
                 if index is not None and s is not None:
                     index.trim_below(s.retained_from)
+        elif type(record) is StreamCompacted:  # keyed compaction: removed messages lose their ordinals
+            for start, end in record.removed if record.uid in self.indexes else ():
+                self.indexes[record.uid].remove_range(start, end)
         elif type(record) is BucketErased:
             for gone in [u for u in self.indexes if u not in state.streams]:
                 self._forget(gone)

@@ -42,6 +42,7 @@ class StreamCreated(_Record, frozen=True, tag="stream.create.v1"):
     fork_offset: int
     fork_spec: str | None  # the fork headers as requested, for idempotent re-creation
     data: bytes
+    compaction_key: str | None = None  # issue 21: keyed compaction's JSON pointer (``keyed``)
 
 
 class Appended(_Record, frozen=True, tag="append.v1"):
@@ -219,6 +220,18 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     ranges: tuple[CopyRange, ...]
 
 
+class StreamCompacted(_Record, frozen=True, tag="stream.compact.v1"):
+    """Keyed compaction (``tiered.gc.compaction``): the messages in ``removed`` are no longer served.
+
+    One record per stream per pass, so a range is compacted all at once or not
+    at all. Offsets stay: reads skip the removed ranges (``Stream.holes``).
+    """
+
+    uid: int
+    ts_ms: int
+    removed: tuple[tuple[int, int], ...]
+
+
 class PayloadAppended(Appended, frozen=True, tag="append.payload.v1"):
     """A large body stored by reference (``payloads``): an append whose bytes are the object ``key``.
 
@@ -257,4 +270,5 @@ StreamRecord = (
     | SnapshotRetentionSet
     | ColdRewriteCommitted
     | PayloadAppended
+    | StreamCompacted
 )

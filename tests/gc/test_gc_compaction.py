@@ -1,0 +1,279 @@
+"""Keyed compaction with tombstones (issue 21): keys, reads that skip removed messages, water marks.
+
+* A JSON stream created with ``Stream-Compaction-Key: /id`` refuses a message without a key
+  (400) and nothing changes; a bad pointer or a non-JSON stream is 400 at create.
+* Compaction (a GC pass) keeps only the newest message per key in the cold range; a
+  tombstone stays until ``compaction_tombstone_delay_s`` has passed, then goes too. Offsets
+  stay: the tail, the next offsets and every kept message's offset are as before.
+* A model-based property test: random appends with keys and tombstones, flushes,
+  compactions and restarts (clean and crash); after every step reads equal the model
+  (newest per key once compacted), and the water marks and record counts match.
+* A crash between the read and the journaled ``StreamCompacted`` leaves the stream as it
+  was; the next pass compacts it the same way. Retention or deletion racing a compaction
+  wins (the holes are harmless below the retained offset; a deleted stream stays deleted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.gc_support import T0, HttpHarness, make_config
+from tiered.engine.streams.keyed import live_pieces, merge, plan_removals
+
+pytestmark = pytest.mark.timeout(300)
+
+JSON = "application/json"
+DELAY_S = 100.0
+DELAY_MS = int(DELAY_S * 1000)
+URL = "/v1/stream/k"
+
+
+def _harness(tmp_path: Path) -> HttpHarness:
+    return HttpHarness(make_config(tmp_path / "data", compaction_tombstone_delay_s=DELAY_S))
+
+
+async def _create(h: HttpHarness, path: str = URL, key: str = "/id") -> int:
+    status, _, _ = await h.http("PUT", path, headers={"Content-Type": JSON, "Stream-Compaction-Key": key})
+    return status
+
+
+async def _append(h: HttpHarness, messages: list[Any], path: str = URL) -> int:
+    status, _, _ = await h.http("POST", path, body=json.dumps(messages), headers={"Content-Type": JSON})
+    return status
+
+
+async def _read_all(h: HttpHarness, path: str = URL) -> tuple[list[Any], str]:
+    """Every message from the start, following Stream-Next-Offset; and the final next offset."""
+    out: list[Any] = []
+    offset = "-1"
+    for _ in range(10_000):
+        status, headers, body = await h.http("GET", f"{path}?offset={offset}")
+        assert status == 200, (status, body)
+        out.extend(json.loads(body))
+        offset = headers["Stream-Next-Offset"]
+        if headers.get("Stream-Up-To-Date") == "true":
+            return out, offset
+    raise AssertionError("the read never caught up")
+
+
+async def _head(h: HttpHarness, path: str = URL) -> Any:
+    status, headers, _ = await h.http("HEAD", path)
+    assert status == 200
+    return headers
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def test_plan_removals_newest_per_key_and_tombstones() -> None:
+    msgs = [
+        (0, 10, b'{"id":1,"v":1}\n', 0),
+        (10, 20, b'{"id":2,"v":1}\n', 0),
+        (20, 30, b'{"id":1,"v":2}\n', 0),
+        (30, 40, b'{"id":2,"v":null}\n', 0),  # a tombstone of key 2
+        (40, 50, b'{"id":"1","v":3}\n', 0),  # the string "1" is another key than the integer 1
+    ]
+    assert plan_removals(("id",), msgs, now_ms=5, tombstone_delay_ms=10) == [(0, 20)]
+    assert plan_removals(("id",), msgs, now_ms=10, tombstone_delay_ms=10) == [(0, 20), (30, 40)]
+    assert merge([(5, 6), (0, 2), (2, 3), (6, 6)]) == [(0, 3), (5, 6)]
+    assert live_pieces([(2, 4), (6, 8)], 0, 10) == [(0, 2), (4, 6), (8, 10)]
+    assert live_pieces([(2, 4), (6, 8)], 3, 7) == [(4, 6)]
+    assert live_pieces([(0, 10)], 3, 7) == []
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def test_bad_keys_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            assert await _create(h, "/v1/stream/bad", "id") == 400  # not a JSON pointer
+            assert await _create(h, "/v1/stream/bad", "/a~2") == 400  # a ~ that is no escape
+            status, _, _ = await h.http(
+                "PUT",
+                "/v1/stream/bin",
+                headers={"Content-Type": "text/plain", "Stream-Compaction-Key": "/id"},
+            )
+            assert status == 400  # keys need a JSON stream
+            assert (await h.http("HEAD", "/v1/stream/bad"))[0] == 404
+            assert (await h.http("HEAD", "/v1/stream/bin"))[0] == 404
+            assert await _create(h) == 201
+            head = await _head(h)
+            assert head["Stream-Compaction-Key"] == "/id"
+            tail = head["Stream-Next-Offset"]
+            assert await _append(h, [{"id": 1}, {"name": "no key"}]) == 400
+            assert await _append(h, [{"id": [1]}]) == 400  # a key is a string or an integer
+            assert await _append(h, [{"id": True}]) == 400
+            assert await _append(h, ["not an object"]) == 400
+            assert (await _head(h))["Stream-Next-Offset"] == tail  # nothing of a refused append stored
+            assert await _append(h, [{"id": 1, "v": "a"}, {"id": "x", "v": None}]) == 204
+            status, _, _ = await h.http(
+                "PUT",
+                "/v1/stream/body",
+                body=b'[{"v":1}]',
+                headers={"Content-Type": JSON, "Stream-Compaction-Key": "/id"},
+            )
+            assert status == 400  # a create's body is checked the same way
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
+
+
+def test_compaction_keeps_newest_per_key_offsets_stable(tmp_path: Path) -> None:
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            assert await _create(h) == 201
+            await _append(h, [{"id": 1, "v": 1}, {"id": 2, "v": 1}, {"id": 3, "v": 1}])
+            await _append(h, [{"id": 1, "v": 2}, {"id": 2, "v": None}])  # key 2 deleted
+            await _append(h, [{"id": 4, "v": 1}])
+            tail = (await _head(h))["Stream-Next-Offset"]
+            assert await h.flush() == 1
+            await _append(h, [{"id": 1, "v": 3}])  # hot: not compacted yet, and 1's v2 stays (cold newest)
+            before, _ = await _read_all(h)
+            report = await h.gc(T0)
+            assert report.errors == [] and report.streams_compacted == 1 and report.messages_compacted == 2
+            after, next_offset = await _read_all(h)
+            assert after == [
+                {"id": 3, "v": 1},
+                {"id": 1, "v": 2},
+                {"id": 2, "v": None},
+                {"id": 4, "v": 1},
+                {"id": 1, "v": 3},
+            ]
+            assert len(before) == 7
+            head = await _head(h)
+            assert head["Stream-Next-Offset"] == next_offset != tail
+            assert head["Stream-High-Water-Mark"] == next_offset
+            assert head["Stream-Low-Water-Mark"] != head["Stream-Retained-Offset"]  # the first message went
+            assert head["Stream-Record-Count"] == "5"  # ordinals follow the removals
+            # A read from the low-water mark starts with the first kept message.
+            status, _, body = await h.http("GET", f"{URL}?offset={head['Stream-Low-Water-Mark']}")
+            assert status == 200 and json.loads(body)[0] == {"id": 3, "v": 1}
+            again = await h.gc(T0 + 1)
+            assert again.streams_compacted == 0  # idempotent: nothing new to remove
+            # The tombstone goes once it is older than the delay.
+            gone = await h.gc(T0 + DELAY_MS + 1)
+            assert gone.streams_compacted == 1
+            final, _ = await _read_all(h)
+            assert final == [{"id": 3, "v": 1}, {"id": 1, "v": 2}, {"id": 4, "v": 1}, {"id": 1, "v": 3}]
+            # The listing shows the water marks.
+            status, _, raw = await h.http("GET", "/v1/stream")
+            assert status == 200, raw
+            [entry] = [e for e in json.loads(raw)["streams"] if e["path"] == "k"]
+            assert entry["low_water_mark"] == head["Stream-Low-Water-Mark"]
+            assert entry["high_water_mark"] == next_offset
+            await h.restart(crash=True)
+            assert (await _read_all(h))[0] == final  # the holes are journal state
+            await h.restart()
+            assert (await _read_all(h))[0] == final  # and snapshot state
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- model-based property test
+
+
+class Model:
+    """What the stream must read: every message appended, minus what compaction may remove.
+
+    ``cold``: how many of the appended messages are in the cold tier (flushed). After a
+    compaction at ``now``, a cold message is gone when a newer cold message has its key, or
+    when it is a tombstone that is the newest of its key and was flushed ``DELAY_MS`` ago.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.flushed_ms: list[int] = []  # per cold message: when its flush ran
+        self.gone: set[int] = set()  # indexes of removed messages
+
+    def compact(self, now: int) -> None:
+        cold = len(self.flushed_ms)
+        newest: dict[Any, int] = {}
+        for i in range(cold):
+            if i in self.gone:
+                continue
+            key = (type(self.messages[i]["id"]).__name__, self.messages[i]["id"])
+            if key in newest:
+                self.gone.add(newest[key])
+            newest[key] = i
+        for i in newest.values():
+            if self.messages[i].get("v", 0) is None and self.flushed_ms[i] + DELAY_MS <= now:
+                self.gone.add(i)
+
+    def visible(self) -> list[dict[str, Any]]:
+        return [m for i, m in enumerate(self.messages) if i not in self.gone]
+
+
+message = st.tuples(st.one_of(st.integers(0, 3), st.sampled_from(["a", "0"])), st.booleans())
+# One round: appends, then maybe a flush, a compaction (after 0, 1 or 2 tombstone delays), a restart.
+round_ = st.tuples(
+    st.lists(st.lists(message, min_size=1, max_size=4), min_size=1, max_size=3),
+    st.booleans(),
+    st.one_of(st.none(), st.integers(0, 2)),
+    st.one_of(st.none(), st.booleans()),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rounds=st.lists(round_, min_size=1, max_size=6))
+def test_reads_equal_the_model(tmp_path_factory: pytest.TempPathFactory, rounds: list[Any]) -> None:
+    tmp_path = tmp_path_factory.mktemp("keyed")
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        model = Model()
+        try:
+            assert await _create(h) == 201
+            for batches, flush, delays, restart in rounds:
+                for batch in batches:
+                    msgs = [{"id": k, "v": None if dead else len(model.messages)} for k, dead in batch]
+                    assert await _append(h, msgs) == 204
+                    model.messages.extend(msgs)
+                if flush:
+                    h.clock.advance(1000)
+                    await h.flush()
+                    model.flushed_ms.extend([_flush_ms(h)] * (len(model.messages) - len(model.flushed_ms)))
+                if delays is not None:
+                    now = h.clock.advance(delays * DELAY_MS)
+                    report = await h.gc(now)
+                    assert report.errors == [], report.errors
+                    model.compact(now)
+                if restart is not None:
+                    await h.restart(crash=restart)
+                await _check(h, model)
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
+
+
+async def _check(h: HttpHarness, model: Model) -> None:
+    got, next_offset = await _read_all(h)
+    assert got == model.visible()
+    head = await _head(h)
+    assert head["Stream-High-Water-Mark"] == head["Stream-Next-Offset"] == next_offset
+    assert head["Stream-Record-Count"] == str(len(model.visible()))
+    if model.visible():
+        status, _, body = await h.http("GET", f"{URL}?offset={head['Stream-Low-Water-Mark']}")
+        assert status == 200 and json.loads(body)[0] == model.visible()[0]
+
+
+def _flush_ms(h: HttpHarness) -> int:
+    """When the newest cold object was written (what a tombstone's age is measured from)."""
+    objs = h.s.state.cold_objects.values()
+    return max(o.created_ms for o in objs) if objs else 0
