@@ -107,6 +107,10 @@ def test_bad_keys_are_refused_and_change_nothing(tmp_path: Path) -> None:
             assert (await h.http("HEAD", "/v1/stream/bad"))[0] == 404
             assert (await h.http("HEAD", "/v1/stream/bin"))[0] == 404
             assert await _create(h) == 201
+            assert await _create(h) == 200  # the same create again: idempotent
+            assert await _create(h, key="/other") == 409  # another key: a different stream
+            status, _, _ = await h.http("PUT", URL, headers={"Content-Type": JSON})
+            assert status == 409  # no key at all: a different stream too
             head = await _head(h)
             assert head["Stream-Compaction-Key"] == "/id"
             tail = head["Stream-Next-Offset"]

@@ -27,7 +27,7 @@ from tiered.core.errors import ErrorCode, TieredError
 
 if TYPE_CHECKING:
     from tiered.engine.streams.model import Stream
-    from tiered.engine.streams.records import StreamCompacted
+    from tiered.engine.streams.records import StreamCompacted, StreamKeyed
     from tiered.engine.streams.state import StreamState
 
 MAX_POINTER_LEN = 256
@@ -143,6 +143,20 @@ def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((a, b))
     return out
+
+
+def apply_keyed(state: StreamState, record: StreamKeyed) -> None:
+    s = state.streams.get(record.uid)
+    if s is not None:
+        s.compaction_key = record.compaction_key
+
+
+def check_recreate(existing: Stream, pointer: str | None) -> None:
+    """A create matching an existing stream must ask for its compaction key too: 409 otherwise."""
+    if existing.compaction_key != pointer:
+        raise TieredError(
+            ErrorCode.STREAM_EXISTS, "the stream exists with another Stream-Compaction-Key (or none)"
+        )
 
 
 def apply_compacted(state: StreamState, record: StreamCompacted) -> None:

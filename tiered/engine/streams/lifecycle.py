@@ -200,7 +200,6 @@ def decide_create(
             fork_offset=fork_offset,
             fork_spec=fork_spec,
             data=data,
-            compaction_key=req.compaction_key,
         )
     )
     return records, None
@@ -241,7 +240,6 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
         closed=record.closed,
         last_access_ms=record.ts_ms,
         touch_journaled_ms=record.ts_ms,
-        compaction_key=record.compaction_key,
     )
     held = state.paths.get((s.bucket, s.path))
     if held is not None:

@@ -42,7 +42,6 @@ class StreamCreated(_Record, frozen=True, tag="stream.create.v1"):
     fork_offset: int
     fork_spec: str | None  # the fork headers as requested, for idempotent re-creation
     data: bytes
-    compaction_key: str | None = None  # issue 21: keyed compaction's JSON pointer (``keyed``)
 
 
 class Appended(_Record, frozen=True, tag="append.v1"):
@@ -220,6 +219,17 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     ranges: tuple[CopyRange, ...]
 
 
+class StreamKeyed(_Record, frozen=True, tag="stream.keyed.v1"):
+    """The stream ``uid`` just created is keyed by the JSON pointer ``compaction_key`` (``keyed``).
+
+    Journaled right after its ``StreamCreated``, in the same batch (a create's
+    data must end its record, so the key cannot follow it there).
+    """
+
+    uid: int
+    compaction_key: str
+
+
 class StreamCompacted(_Record, frozen=True, tag="stream.compact.v1"):
     """Keyed compaction (``tiered.gc.compaction``): the messages in ``removed`` are no longer served.
 
@@ -271,4 +281,5 @@ StreamRecord = (
     | ColdRewriteCommitted
     | PayloadAppended
     | StreamCompacted
+    | StreamKeyed
 )

@@ -23,7 +23,7 @@ from tiered.engine.streams import appends, conditions, keyed, lifecycle, listing
 from tiered.engine.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
 from tiered.engine.streams.producers import ProducerChange
 from tiered.engine.streams.reader import StreamReader
-from tiered.engine.streams.records import StreamCreated
+from tiered.engine.streams.records import StreamCreated, StreamKeyed
 from tiered.engine.streams.state import StreamState
 from tiered.engine.streams.visibility import Visibility, VisibleView, Waiters
 
@@ -301,8 +301,11 @@ class StreamService:
         except TieredError as exc:
             raise await self._refuse_when_durable(exc) from None
         if existing is not None:
+            keyed.check_recreate(existing, req.compaction_key)
             await self.committer.settled()  # the matching create may still be in flight
             return False, existing
+        if req.compaction_key is not None and isinstance(created, StreamCreated):  # one batch with the create
+            records = [*records, StreamKeyed(uid=created.uid, compaction_key=req.compaction_key)]
         future = self.committer.commit_nowait(records)
         assert isinstance(created, StreamCreated)
         await self.committer.durable(future)

@@ -67,6 +67,7 @@ from tiered.engine.streams.records import (
     StreamCreated,
     StreamDeleted,
     StreamExpired,
+    StreamKeyed,
     StreamTouched,
 )
 
@@ -248,4 +249,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     ColdRewriteCommitted: lambda st, r, _: rewrites.apply_rewrite_committed(st, r),
     PayloadAppended: payloads.apply_payload_appended,  # large bodies stored by reference
     StreamCompacted: lambda st, r, _: keyed.apply_compacted(st, r),  # keyed compaction (issue 21)
+    StreamKeyed: lambda st, r, _: keyed.apply_keyed(st, r),
 }
