@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gc_support import T0, HttpHarness, make_config
+from tiered.core.ids import parse_offset
 from tiered.engine.streams.keyed import live_pieces, merge, plan_removals
 
 pytestmark = pytest.mark.timeout(300)
@@ -281,3 +282,135 @@ def _flush_ms(h: HttpHarness) -> int:
     """When the newest cold object was written (what a tombstone's age is measured from)."""
     objs = h.s.state.cold_objects.values()
     return max(o.created_ms for o in objs) if objs else 0
+
+
+# --------------------------------------------------------------------------- crashes and races
+
+
+class Crash(BaseException):
+    """A simulated SIGKILL at a step of the compaction (BaseException: nothing catches it)."""
+
+
+UPDATES = [[{"id": k % 3, "v": k} for k in range(i, i + 4)] for i in range(0, 12, 4)]
+NEWEST = [{"id": 0, "v": 9}, {"id": 1, "v": 10}, {"id": 2, "v": 11}]
+
+
+async def _keyed_cold_stream(h: HttpHarness, url: str = URL) -> list[Any]:
+    """Three batches of updates of keys 0, 1, 2, each flushed to its own cold object."""
+    assert await _create(h, url) == 201
+    for batch in UPDATES:
+        assert await _append(h, batch, url) == 204
+        assert await h.flush() == 1
+    everything, _ = await _read_all(h, url)
+    assert len(everything) == 12
+    return everything
+
+
+@pytest.mark.parametrize("step", ["reading", "committing", "committed"])
+def test_crash_at_every_step_of_a_compaction(tmp_path: Path, step: str) -> None:
+    """Killed while reading the cold range, while journaling, or right after: the stream reads
+    all of it (nothing removed) or exactly the compacted view, never a part; the next pass
+    finishes the work and the restart after it keeps it."""
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            everything = await _keyed_cold_stream(h)
+            ctx = h.s.gc.ctx
+            if step == "reading":
+
+                async def read(*args: Any, **kwargs: Any) -> bytes:
+                    raise Crash()
+
+                ctx.reader.read = read  # type: ignore[method-assign]
+            else:
+                inner_commit = ctx.committer.commit
+
+                async def commit(records: Any) -> None:
+                    if step == "committing":
+                        raise Crash()
+                    await inner_commit(records)
+                    raise Crash()
+
+                ctx.committer.commit = commit  # type: ignore[method-assign]
+            with pytest.raises(Crash):
+                await h.gc(T0)
+            await h.restart(crash=True)
+            got, _ = await _read_all(h)
+            assert got == (NEWEST if step == "committed" else everything)
+            report = await h.gc(T0)
+            assert report.errors == [] and report.streams_compacted == (0 if step == "committed" else 1)
+            assert (await _read_all(h))[0] == NEWEST
+            await h.restart(crash=True)
+            assert (await _read_all(h))[0] == NEWEST
+            assert (await _head(h))["Stream-Record-Count"] == "3"
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("race", ["retention", "delete", "erasure"])
+def test_compaction_racing_a_release(tmp_path: Path, race: str) -> None:
+    """A release landing while the compaction reads (retention past part of the range, the
+    stream's delete, its bucket's erasure) wins: the retained offset, the deletion and the
+    erasure stand, the objects go after the grace, no object leaks, reads stay the model's."""
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            bucket = "keyed" if race == "erasure" else "default"  # the default bucket cannot be erased
+            url = f"/v1/buckets/{bucket}/stream/k"
+            if race == "erasure":
+                await h.bucket(bucket)
+            await _keyed_cold_stream(h, url)
+            ctx = h.s.gc.ctx
+            inner = ctx.reader.read
+            s = h.s.streams.lookup(bucket, "k")
+            sizes = [
+                len(json.dumps(m, separators=(",", ":"))) + 1 for m in UPDATES[0] + UPDATES[1] + UPDATES[2]
+            ]
+            cut = s.retained_from + sum(sizes[:8])  # retention to the third object (its 9th message)
+            first_kept = s.retained_from + sum(sizes[:9])  # the newest of key 0: the first survivor
+
+            released: list[bool] = []
+
+            async def read(*args: Any, **kwargs: Any) -> bytes:
+                data = await inner(*args, **kwargs)
+                if released:
+                    return data
+                released.append(True)
+                if race == "retention":
+                    await h.s.streams.retain_from(bucket, "k", cut)
+                elif race == "delete":
+                    await h.s.streams.delete(bucket, "k")
+                else:
+                    await h.s.streams.erase_bucket(bucket)
+                return data
+
+            ctx.reader.read = read  # type: ignore[method-assign]
+            report = await h.gc(T0)
+            ctx.reader.read = inner  # type: ignore[method-assign]
+            assert report.errors == []
+            if race == "retention":
+                assert report.streams_compacted == 1
+                head = await _head(h, url)
+                assert parse_offset(head["Stream-Retained-Offset"]) == cut
+                assert parse_offset(head["Stream-Low-Water-Mark"]) == first_kept
+                assert (await _read_all(h, url))[0] == NEWEST
+            else:
+                assert report.streams_compacted == 0  # the stream went meanwhile: nothing journaled
+                assert (await h.http("HEAD", url))[0] in (404, 410)
+            # Released objects go after the grace; reconciliation finds nothing left over.
+            for at in (T0 + 1, T0 + 20_000, T0 + 40_000):
+                assert (await h.gc(at, reconcile=True)).errors == []
+            await h.restart(crash=True)
+            stored = {i.key async for i in h.s.store.list("data/")}
+            assert stored == set(h.s.state.cold_objects)
+            assert all(o.refs > 0 for o in h.s.state.cold_objects.values())
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
