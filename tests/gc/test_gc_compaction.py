@@ -414,3 +414,25 @@ def test_compaction_racing_a_release(tmp_path: Path, race: str) -> None:
             await h.stop()
 
     asyncio.run(main())
+
+
+def test_bootstrap_skips_removed_messages(tmp_path: Path) -> None:
+    """A bootstrap read (snapshot + what follows) of a compacted stream answers the kept messages only."""
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            await _keyed_cold_stream(h)
+            assert (await h.gc(T0)).streams_compacted == 1
+            status, headers, body = await h.http("GET", f"{URL}?bootstrap")
+            assert status == 200, body
+            assert headers["Content-Type"].startswith("multipart/mixed")
+            for m in NEWEST:
+                assert json.dumps(m, separators=(",", ":")).encode() in body
+            for m in UPDATES[0] + UPDATES[1]:  # every one of these was superseded
+                assert json.dumps(m, separators=(",", ":")).encode() not in body
+        finally:
+            await h.stop()
+
+    asyncio.run(main())

@@ -18,7 +18,7 @@ the retained offset, outside every hole); the *high-water mark* is the tail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -205,3 +205,33 @@ def low_water_mark(s: Stream, tail: int) -> int:
 
 def removed_bytes(s: Stream) -> int:
     return sum(b - max(a, s.retained_from) for a, b in s.holes if b > s.retained_from)
+
+
+ReadBytes = Callable[[int, int], Awaitable[bytes]]
+
+
+async def read_live_chunk(
+    read: ReadBytes, holes: Sequence[tuple[int, int]], offset: int, tail: int, chunk_bytes: int
+) -> tuple[bytes, int, bool]:
+    """(stored messages, next offset, up to date) of a read at ``offset`` of a stream with holes."""
+    offset = min(tail, skip_hole(holes, offset))
+    end = min(tail, offset + chunk_bytes)
+    pieces = live_pieces(holes, offset, end)
+    parts = [await read(a, b) for a, b in pieces]
+    if end < tail and pieces and pieces[-1][1] == end:
+        a, _ = pieces[-1]
+        last = parts[-1]
+        cut = last.rfind(b"\n") + 1
+        if cut == 0 and len(parts) > 1:  # the last message does not fit: the next read starts with it
+            parts.pop()
+            end = a
+        elif cut == 0:  # one message larger than a chunk: send it whole (it cannot span a hole)
+            stop = min(tail, next((h for h, _ in holes if h > a), tail))
+            rest = await read(end, stop)
+            parts[-1] = last + rest[: rest.find(b"\n") + 1]
+            end = a + len(parts[-1])
+        else:
+            parts[-1] = last[:cut]
+            end = a + cut
+    end = min(tail, skip_hole(holes, end))
+    return b"".join(parts), end, end >= tail
