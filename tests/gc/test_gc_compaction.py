@@ -436,3 +436,37 @@ def test_bootstrap_skips_removed_messages(tmp_path: Path) -> None:
             await h.stop()
 
     asyncio.run(main())
+
+
+def test_key_reads(tmp_path: Path) -> None:
+    """``GET {stream}?key=K``: the newest message of a key with its offset, before and after
+    compaction; a deleted or unknown key is 404; bad requests are 400."""
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            await _keyed_cold_stream(h)
+            await _append(h, [{"id": "0", "v": "string key"}, {"id": 5, "v": 1}, {"id": 5, "v": None}])
+            for compacted in (False, True):
+                if compacted:
+                    await h.flush()
+                    assert (await h.gc(T0)).streams_compacted == 1
+                for key, want in ((0, NEWEST[0]), (2, NEWEST[2]), ('"0"', {"id": "0", "v": "string key"})):
+                    status, headers, body = await h.http("GET", f"{URL}?key={key}")
+                    assert status == 200, body
+                    assert json.loads(body) == want
+                    offset = headers["Stream-Key-Offset"]
+                    status, _, body = await h.http("GET", f"{URL}?offset={offset}")
+                    assert json.loads(body)[0] == want  # the offset is the message's
+                assert (await h.http("GET", f"{URL}?key=5"))[0] == 404  # deleted by its tombstone
+                assert (await h.http("GET", f"{URL}?key=99"))[0] == 404
+                assert (await h.http("GET", f"{URL}?key=abc"))[0] == 400  # not JSON: "abc" is
+                assert (await h.http("GET", f"{URL}?key=1.5"))[0] == 400
+                assert (await h.http("GET", f"{URL}?key=0&offset=-1"))[0] == 400
+            await h.http("PUT", "/v1/stream/plain", headers={"Content-Type": JSON})
+            assert (await h.http("GET", "/v1/stream/plain?key=1"))[0] == 400  # not a keyed stream
+        finally:
+            await h.stop()
+
+    asyncio.run(main())

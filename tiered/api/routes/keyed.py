@@ -8,8 +8,12 @@ any hole it ends in, so a reader never waits on removed offsets.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from tiered.api.kit.types import Response
+from tiered.core.errors import bad_request
 from tiered.core.ids import format_offset
-from tiered.engine.streams.keyed import low_water_mark, read_live_chunk
+from tiered.engine.streams.keyed import low_water_mark, newest_for_key, parse_key_query, read_live_chunk
 from tiered.engine.streams.model import Stream
 
 
@@ -22,4 +26,22 @@ def keyed_headers(s: Stream, tail: int, headers: dict[str, str]) -> None:
         headers["Stream-Compaction-Key"] = s.compaction_key
 
 
-__all__ = ["keyed_headers", "read_live_chunk"]
+async def key_response(
+    read: Callable[[int, int], Awaitable[bytes]], s: Stream, tail: int, raw: str
+) -> Response:
+    """``GET {stream}?key=K``: the newest message of key ``K`` (its JSON text: ``"abc"`` or ``7``) as
+    the body, its offset in ``Stream-Key-Offset``; 404 ``KEY_NOT_FOUND`` when the key has none or
+    was deleted; 400 on a stream that is not keyed or a key that is not a string or an integer."""
+    if s.compaction_key is None:
+        raise bad_request("key reads need a keyed stream (created with Stream-Compaction-Key)")
+    offset, message = await newest_for_key(read, s, tail, parse_key_query(raw))
+    headers = {
+        "Content-Type": s.content_type,
+        "Stream-Key-Offset": format_offset(offset),
+        "Stream-Next-Offset": format_offset(tail),
+        "Cache-Control": "no-store",
+    }
+    return Response(200, headers, message.rstrip(b"\n"))
+
+
+__all__ = ["key_response", "keyed_headers", "read_live_chunk"]

@@ -22,7 +22,7 @@ from dataclasses import replace
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
 from tiered.api.kit.types import Handler, LiveLease, Request, Response
-from tiered.api.routes.keyed import keyed_headers, read_live_chunk
+from tiered.api.routes.keyed import key_response, keyed_headers, read_live_chunk
 from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
@@ -246,6 +246,11 @@ class StreamRoutes:
         s = service.lookup(bucket, path)
         service.touch(s)
         v = service.view(s)
+        key_raw = q.get("key")
+        if key_raw is not None:  # the newest message of a key (``keyed``)
+            if offset_raw is not None or record_raw is not None or live is not None:
+                raise bad_request("a key read takes no offset, record or live mode")
+            return await key_response(lambda a, b: service.read(s, a, b), s, v.tail, key_raw)
         if record_raw is not None:  # from the N-th message (``tiered.engine.streams.ordinals``)
             offset = service.record_offset(s, parse_uint(record_raw, "query parameter record"), v.tail)
         elif offset_raw is None or offset_raw == "-1":

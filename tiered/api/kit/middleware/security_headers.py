@@ -36,6 +36,7 @@ EXPOSED_HEADERS = ", ".join(
         "Stream-Low-Water-Mark",
         "Stream-High-Water-Mark",
         "Stream-Compaction-Key",
+        "Stream-Key-Offset",
     ]
 )
 SECURITY_HEADERS = {
