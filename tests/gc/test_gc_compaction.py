@@ -470,3 +470,37 @@ def test_key_reads(tmp_path: Path) -> None:
             await h.stop()
 
     asyncio.run(main())
+
+
+def test_unchanged_streams_are_not_read_again_until_a_tombstone_falls_due(tmp_path: Path) -> None:
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            await _keyed_cold_stream(h)
+            await _append(h, [{"id": 7, "v": None}])  # a tombstone
+            await h.flush()
+            ctx = h.s.gc.ctx
+            inner = ctx.reader.read
+            reads: list[Any] = []
+
+            async def read(*args: Any, **kwargs: Any) -> bytes:
+                reads.append(args)
+                return await inner(*args, **kwargs)
+
+            ctx.reader.read = read  # type: ignore[method-assign]
+            assert (await h.gc(T0)).streams_compacted == 1 and reads
+            reads.clear()
+            assert (await h.gc(T0 + 1)).streams_compacted == 0
+            assert reads == []  # nothing changed, no tombstone due: not read again
+            await _append(h, [{"id": 0, "v": "new"}])
+            await h.flush()
+            assert (await h.gc(T0 + 2)).streams_compacted == 1 and reads  # the cold range grew
+            reads.clear()
+            assert (await h.gc(T0 + 3)).streams_compacted == 0 and reads == []
+            assert (await h.gc(T0 + DELAY_MS + 1000)).streams_compacted == 1  # the tombstone is due
+            assert {"id": 7, "v": None} not in (await _read_all(h))[0]
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
