@@ -34,6 +34,9 @@ class GcContext:
     rewrite_max_objects: int = 16
     erasure_deadline_ms: int = 86_400_000
     rewrite_bytes_per_s: int = 0  # pace of rewrites, read plus written (0: unpaced)
+    # Keyed compaction (``tiered.gc.compaction``): how long a tombstone stays; streams per pass.
+    tombstone_delay_ms: int = 86_400_000
+    compaction_max_streams: int = 16
 
 
 @dataclass

@@ -26,6 +26,10 @@ class GcReport:
     integrity_errors: list[str] = field(default_factory=list)
     objects_rewritten: int = 0  # shared objects rewritten without an erased bucket's rows (``erasure``)
     would_rewrite: list[dict[str, Any]] = field(default_factory=list)  # dry run: key, bytes, reason
+    # Keyed compaction (``compaction``): streams compacted, messages removed; dry run: what would be.
+    streams_compacted: int = 0
+    messages_compacted: int = 0
+    would_compact: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

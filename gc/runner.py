@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.gc.cold_objects import DeleteReleasedObjects, pending_deletions
+from tiered.gc.compaction import CompactKeyedStreams
 from tiered.gc.context import GcContext, GcPass, GcTask
 from tiered.gc.erasure import RewriteErasedObjects
 from tiered.gc.expiry import ExpireStreams
@@ -50,6 +51,7 @@ def default_tasks() -> list[GcTask]:
         ExpireProducers(),
         ApplyRetention(),
         ReleaseHotCopies(),
+        CompactKeyedStreams(),  # keyed compaction (issue 21)
         RewriteErasedObjects(),  # before the deletes: the objects it releases wait out the grace there
         DeleteReleasedObjects(),
         ReconcileOrphans(),

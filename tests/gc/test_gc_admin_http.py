@@ -56,6 +56,9 @@ REPORT_KEYS = {
     "integrity_errors",
     "objects_rewritten",  # issue 21: erasure rewrites
     "would_rewrite",
+    "streams_compacted",  # issue 21: keyed compaction
+    "messages_compacted",
+    "would_compact",
 }
 TOTALS_KEYS = {
     "passes",

@@ -75,6 +75,7 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
         ("orphans deleted", report["orphans_deleted"]),
         ("hot segments deleted", report["segments_deleted"]),
         ("objects rewritten (erasure)", report.get("objects_rewritten", 0)),
+        ("keyed streams compacted", report.get("streams_compacted", 0)),
         ("errors", len(report["errors"])),
         ("integrity errors", len(report["integrity_errors"])),
     ]

@@ -313,6 +313,11 @@ class Config:
         OFFLINE_GC,
     )
 
+    # Keyed compaction with tombstones (issue 21: gc/compaction.py, docs/compaction.md).
+    compaction_tombstone_delay_s: float = setting(
+        86400.0, "a tombstone of a keyed stream is removed by compaction once stored this long", OFFLINE_GC
+    )
+
     # Large bodies stored by reference (issue 22, docs/large-bodies.md).
     large_body_threshold_bytes: int = setting(
         8 * MiB,

@@ -102,6 +102,8 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "INTERNAL_ERROR"
     # Issue 22: a conditional append whose expected tail is not the stream's (412; context: next_offset).
     TAIL_MISMATCH = "TAIL_MISMATCH"
+    # Issue 21: ``GET {stream}?key=K`` of a keyed stream that holds no live message of that key (404).
+    KEY_NOT_FOUND = "KEY_NOT_FOUND"
 
 
 class TieredError(Exception):

@@ -404,6 +404,7 @@ class Engine:
                 rewrite_max_objects=c.rewrite_max_objects_per_pass,
                 erasure_deadline_ms=int(c.erasure_deadline_s * 1000),
                 rewrite_bytes_per_s=c.rewrite_bytes_per_s,
+                tombstone_delay_ms=int(c.compaction_tombstone_delay_s * 1000),  # keyed compaction
             ),
             interval_s=c.gc_interval_s,
             reconcile_interval_s=c.reconcile_interval_s,

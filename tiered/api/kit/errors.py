@@ -89,6 +89,7 @@ STATUS: dict[ErrorCode, int] = {
     C.SNAPSHOT_PRECONDITION_FAILED: 412,
     C.SNAPSHOT_NOT_AT_BOUNDARY: 400,
     C.TAIL_MISMATCH: 412,  # issue 22: conditional appends
+    C.KEY_NOT_FOUND: 404,  # issue 21: keyed reads
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,

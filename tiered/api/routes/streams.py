@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
 from tiered.api.kit.types import Handler, LiveLease, Request, Response
+from tiered.api.routes.keyed import key_response, keyed_headers, read_live_chunk
 from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
@@ -109,9 +110,14 @@ class StreamRoutes:
         ttl_s, expires_at, expires_at_ms = _expiry(h)
         closed = parse_closed(h.get("Stream-Closed"))
         fork = await self._fork_request(h, request.target.fork, bucket, path)
+        compaction_key = h.get(
+            "Stream-Compaction-Key"
+        )  # keyed compaction (``keyed``), checked by the service
         body = await request.body()
         created, s = await self.service.create(
-            bucket, path, CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork)
+            bucket,
+            path,
+            CreateRequest(content_type, ttl_s, expires_at, expires_at_ms, closed, body, fork, compaction_key),
         )
         v = self.service.view(s)
         headers = {"Content-Type": s.content_type, "Stream-Next-Offset": format_offset(v.tail)}
@@ -222,6 +228,7 @@ class StreamRoutes:
         digests = integrity.view(s)
         if digests is not None:  # none for a stream from data written before digests were kept
             headers["Stream-Integrity"] = digests.header()
+        keyed_headers(s, v.tail, headers)  # water marks (``keyed``)
         return Response(200, headers)
 
     # ---------------------------------------------------------------- read
@@ -241,6 +248,11 @@ class StreamRoutes:
         s = service.lookup(bucket, path)
         service.touch(s)
         v = service.view(s)
+        key_raw = q.get("key")
+        if key_raw is not None:  # the newest message of a key (``keyed``)
+            if offset_raw is not None or record_raw is not None or live is not None:
+                raise bad_request("a key read takes no offset, record or live mode")
+            return await key_response(lambda a, b: service.read(s, a, b), s, v.tail, key_raw)
         if record_raw is not None:  # from the N-th message (``tiered.engine.streams.ordinals``)
             offset = service.record_offset(s, parse_uint(record_raw, "query parameter record"), v.tail)
         elif offset_raw is None or offset_raw == "-1":
@@ -296,9 +308,14 @@ class StreamRoutes:
         async def read(start: int, end: int) -> bytes:
             return await service.read(s, start, end)
 
-        data, end, up_to_date = await read_chunk(
-            read, offset, v.tail, self.read_chunk_bytes, json=s.json, whole_chars=whole_chars
-        )
+        if s.holes and s.holes[-1][1] > offset:  # a compacted range: its removed messages skipped
+            data, end, up_to_date = await read_live_chunk(
+                read, s.holes, offset, v.tail, self.read_chunk_bytes
+            )
+        else:
+            data, end, up_to_date = await read_chunk(
+                read, offset, v.tail, self.read_chunk_bytes, json=s.json, whole_chars=whole_chars
+            )
         return data, end, up_to_date, up_to_date and v.closed
 
     async def _chunk_response(self, request: Request, s: Stream, offset: int, cursor: str | None) -> Response:
@@ -323,7 +340,7 @@ class StreamRoutes:
         Reached only after this request passed the same authorization, lookup
         and offset checks as the read itself, so a refusal is the read's own.
         """
-        if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1":
+        if self.locator_valid_ms <= 0 or request.headers.get(LOCATOR_HEADER) != "1" or s.holes:
             return None
         service = self.service
         now_ms = self.clock.now_ms()

@@ -101,6 +101,8 @@ class Entry:
     expires_at: str | None = None
     # Record ordinals (``tiered.engine.streams.ordinals``) when the stream keeps them: (first, next, count).
     records: tuple[int, int, int] | None = None
+    # Keyed compaction (``keyed``): the first offset still readable (past any hole); None: the retained one.
+    low_water_mark: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -118,6 +120,8 @@ class Entry:
             out["expires_at"] = self.expires_at
         if self.records is not None:
             out["first_record"], out["next_record"], out["records"] = self.records
+        low = self.retained_offset if self.low_water_mark is None else self.low_water_mark
+        out["low_water_mark"], out["high_water_mark"] = format_offset(low), format_offset(self.next_offset)
         return out
 
 

@@ -236,6 +236,9 @@ class Stream(msgspec.Struct, array_like=True):
     # Durable, added after the fields above (so older snapshots decode): the stream's integrity
     # digests (``integrity``); None for a stream from data written before digests were kept.
     integrity: StreamIntegrity | None = None
+    # Durable, added after the fields above (so older snapshots decode): keyed compaction (``keyed``).
+    compaction_key: str | None = None  # the JSON pointer naming each message's key; None: not keyed
+    holes: tuple[tuple[int, int], ...] = ()  # removed message ranges, sorted, merged (reads skip them)
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)
@@ -286,6 +289,7 @@ class CreateRequest:
     closed: bool
     data: bytes
     fork: ForkRequest | None = None
+    compaction_key: str | None = None  # issue 21: ``Stream-Compaction-Key`` (``keyed``)
 
 
 @dataclass(frozen=True, slots=True)

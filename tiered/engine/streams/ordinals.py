@@ -52,6 +52,7 @@ from tiered.engine.streams.records import (
     BucketErased,
     PayloadAppended,
     RetentionAdvanced,
+    StreamCompacted,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
@@ -160,6 +161,7 @@ class RecordsState:
         StreamExpired,
         BucketErased,
         PayloadAppended,
+        StreamCompacted,
     )
 
     def __init__(self) -> None:
@@ -187,6 +189,9 @@ class RecordsState:
                 s = state.streams.get(advanced)
                 if index is not None and s is not None:
                     index.trim_below(s.retained_from)
+        elif type(record) is StreamCompacted:  # keyed compaction: removed messages lose their ordinals
+            for start, end in record.removed if record.uid in self.indexes else ():
+                self.indexes[record.uid].remove_range(start, end)
         elif type(record) is BucketErased:
             for gone in [u for u in self.indexes if u not in state.streams]:
                 self._forget(gone)

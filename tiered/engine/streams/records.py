@@ -219,6 +219,29 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     ranges: tuple[CopyRange, ...]
 
 
+class StreamKeyed(_Record, frozen=True, tag="stream.keyed.v1"):
+    """The stream ``uid`` just created is keyed by the JSON pointer ``compaction_key`` (``keyed``).
+
+    Journaled right after its ``StreamCreated``, in the same batch (a create's
+    data must end its record, so the key cannot follow it there).
+    """
+
+    uid: int
+    compaction_key: str
+
+
+class StreamCompacted(_Record, frozen=True, tag="stream.compact.v1"):
+    """Keyed compaction (``tiered.gc.compaction``): the messages in ``removed`` are no longer served.
+
+    One record per stream per pass, so a range is compacted all at once or not
+    at all. Offsets stay: reads skip the removed ranges (``Stream.holes``).
+    """
+
+    uid: int
+    ts_ms: int
+    removed: tuple[tuple[int, int], ...]
+
+
 class PayloadAppended(Appended, frozen=True, tag="append.payload.v1"):
     """A large body stored by reference (``payloads``): an append whose bytes are the object ``key``.
 
@@ -261,4 +284,6 @@ StreamRecord = (
     | SnapshotRetentionSet
     | ColdRewriteCommitted
     | PayloadAppended
+    | StreamCompacted
+    | StreamKeyed
 )

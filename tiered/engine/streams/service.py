@@ -19,11 +19,11 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.engine.journal.committer import Committer
-from tiered.engine.streams import appends, conditions, lifecycle, listing, ordinals
+from tiered.engine.streams import appends, conditions, keyed, lifecycle, listing, ordinals
 from tiered.engine.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
 from tiered.engine.streams.producers import ProducerChange
 from tiered.engine.streams.reader import StreamReader
-from tiered.engine.streams.records import StreamCreated
+from tiered.engine.streams.records import StreamCreated, StreamKeyed
 from tiered.engine.streams.state import StreamState
 from tiered.engine.streams.visibility import Visibility, VisibleView, Waiters
 
@@ -173,6 +173,7 @@ class StreamService:
             s.ttl_s,
             s.expires_at,
             None if records is None else (records.first, records.next, records.count),
+            keyed.low_water_mark(s, v.tail),
         )
 
     # ------------------------------------------------------------- retention
@@ -280,6 +281,9 @@ class StreamService:
     ) -> tuple[bool, Stream]:
         if req.data and content_type is not None and is_json(content_type):
             req = replace(req, data=encode_json_messages(req.data, allow_empty_array=True))
+        keyed.check_key_config(req.compaction_key, content_type is not None and is_json(content_type))
+        if req.compaction_key is not None and req.data:
+            keyed.check_messages(req.compaction_key, req.data)
         base = req.fork.copy.base if req.fork is not None and req.fork.copy is not None else b""
         self.check_hot_capacity(len(req.data) + len(base))
         await self.committer.admit()
@@ -297,8 +301,11 @@ class StreamService:
         except TieredError as exc:
             raise await self._refuse_when_durable(exc) from None
         if existing is not None:
+            keyed.check_recreate(existing, req.compaction_key)
             await self.committer.settled()  # the matching create may still be in flight
             return False, existing
+        if req.compaction_key is not None and isinstance(created, StreamCreated):  # one batch with the create
+            records = [*records, StreamKeyed(uid=created.uid, compaction_key=req.compaction_key)]
         future = self.committer.commit_nowait(records)
         assert isinstance(created, StreamCreated)
         await self.committer.durable(future)
@@ -323,6 +330,8 @@ class StreamService:
                     and is_json(req.content_type)
                 ):
                     req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
+                if s.compaction_key is not None and req.data:  # every message has its key (``keyed``)
+                    keyed.check_messages(s.compaction_key, req.data)
                 self.check_hot_capacity(len(req.data))
                 decided = appends.check_append(s, req, self.clock.now_ms(), self.state.producer_limits)
                 change = None

@@ -30,7 +30,7 @@ from tiered.core.clock import Clock
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.core.ports import PrefixOwner
-from tiered.engine.streams import snapshots
+from tiered.engine.streams import keyed, snapshots
 from tiered.engine.streams.model import PublishedSnapshot, Stream
 from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted
 from tiered.engine.streams.service import StreamService
@@ -229,6 +229,11 @@ class SnapshotService:
                 next_offset=format_offset(s.retained_from),
                 snapshot_offset=format_offset(start),
             )
+        if s.holes and s.holes[-1][1] > start:  # keyed compaction: the removed messages skipped (``keyed``)
+            updates, end, up_to_date = await keyed.read_live_chunk(
+                lambda a, b: streams.read(s, a, b), s.holes, start, v.tail, self.bootstrap_max_bytes
+            )
+            return Bootstrap(s, snap, body, start, updates, end, up_to_date, up_to_date and v.closed)
         end = min(v.tail, start + self.bootstrap_max_bytes)
         updates = await streams.read(s, start, end) if end > start else b""
         if s.json and end < v.tail:

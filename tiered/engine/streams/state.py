@@ -23,7 +23,17 @@ from typing import Any, ClassVar, cast
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET
-from tiered.engine.streams import appends, cold_refs, lifecycle, payloads, reads, release, rewrites, snapshots
+from tiered.engine.streams import (
+    appends,
+    cold_refs,
+    keyed,
+    lifecycle,
+    payloads,
+    reads,
+    release,
+    rewrites,
+    snapshots,
+)
 from tiered.engine.streams.model import (
     AppendRequest,
     ColdObject,
@@ -53,9 +63,11 @@ from tiered.engine.streams.records import (
     RetentionPolicySet,
     SnapshotPublished,
     SnapshotRetentionSet,
+    StreamCompacted,
     StreamCreated,
     StreamDeleted,
     StreamExpired,
+    StreamKeyed,
     StreamTouched,
 )
 
@@ -236,4 +248,6 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     SnapshotRetentionSet: lambda st, r, _: snapshots.apply_retention_set(st, r),
     ColdRewriteCommitted: lambda st, r, _: rewrites.apply_rewrite_committed(st, r),
     PayloadAppended: payloads.apply_payload_appended,  # large bodies stored by reference
+    StreamCompacted: lambda st, r, _: keyed.apply_compacted(st, r),  # keyed compaction (issue 21)
+    StreamKeyed: lambda st, r, _: keyed.apply_keyed(st, r),
 }

@@ -32,6 +32,11 @@ EXPOSED_HEADERS = ", ".join(
         "Stream-Record-First",
         "Stream-Record-Next",
         "Stream-Record-Count",
+        # Issue 21: keyed compaction (tiered/api/routes/keyed.py).
+        "Stream-Low-Water-Mark",
+        "Stream-High-Water-Mark",
+        "Stream-Compaction-Key",
+        "Stream-Key-Offset",
     ]
 )
 SECURITY_HEADERS = {

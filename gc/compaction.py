@@ -1,0 +1,152 @@
+"""Keyed compaction: the cold data of keyed streams keeps only the newest message per key.
+
+For each keyed stream (``tiered.engine.streams.keyed``) this task reads the
+live messages of its cold range (what reads still serve, holes skipped),
+decides what to remove (every message but the newest of its key; a newest one
+that is a tombstone once it has been stored for ``tombstone_delay_ms``) and
+journals it as one ``StreamCompacted`` record: a reader sees the range
+compacted all at once or not at all, and a crash before the record leaves
+the stream as it was (the next pass decides again, the same way: idempotent).
+
+A tombstone's age is measured from when its cold object was written, which
+is never before its append: a late reader sees a delete for at least the delay.
+
+Not compacted (skipped, counted in the report): forks and the streams forks
+read from (a fork reads its source's bytes below the fork point), and ranges
+holding a large body stored by reference (scanning stops before it).
+At most ``compaction_max_streams`` streams per pass, in uid order after where
+the previous pass stopped, so every keyed stream gets its turn; a stream whose
+cold range has not changed since its last scan is not read again until a
+tombstone that scan kept falls due (soft state: a restart scans everything once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tiered.cold.objects.store import ObjectStoreError
+from tiered.cold.parquet.chunk import ColdDataDamaged
+from tiered.core.errors import TieredError
+from tiered.engine.streams.keyed import live_pieces, message_key, parse_pointer, plan_removals, split_messages
+from tiered.engine.streams.model import Stream
+from tiered.engine.streams.records import StreamCompacted
+from tiered.gc.context import GcContext, GcPass
+
+log = logging.getLogger(__name__)
+
+Message = tuple[int, int, bytes, int]
+
+
+class CompactKeyedStreams:
+    name = "compaction"
+
+    def __init__(self) -> None:
+        self.after_uid = -1  # where the previous pass stopped (soft: a restart starts from the first)
+        # Soft: per stream, what its last scan saw and when a tombstone it kept falls due; a stream
+        # whose cold range has not changed is not read again before then.
+        self.scanned: dict[int, tuple[tuple[int, int, int], int | None]] = {}
+
+    async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
+        report = gc_pass.report
+        if ctx.reader is None:
+            return
+        for s in self._due(ctx, gc_pass.now):
+            self.after_uid = s.uid
+            try:
+                messages = await _cold_messages(ctx, s)
+                tokens = parse_pointer(s.compaction_key or "/")
+                removed = plan_removals(tokens, messages, gc_pass.now, ctx.tombstone_delay_ms)
+                gone = _removed_flags(messages, removed)
+                due = _tombstone_due(tokens, messages, gone, ctx.tombstone_delay_ms)
+            except (ObjectStoreError, ColdDataDamaged, TieredError) as exc:
+                log.warning("compaction of %s/%s skipped this pass: %s", s.bucket, s.path, exc)
+                report.errors.append(f"compaction of {s.bucket}/{s.path} skipped: {exc}")
+                continue
+            if not removed:
+                if not gc_pass.dry_run:
+                    self.scanned[s.uid] = (_seen(s), due)
+                continue
+            report.messages_compacted += sum(gone)
+            if gc_pass.dry_run:
+                report.would_compact.append({"bucket": s.bucket, "path": s.path, "removed": removed})
+                continue
+            if ctx.state.streams.get(s.uid) is not s:
+                continue  # deleted or erased while its messages were read
+            await ctx.committer.commit(
+                [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
+            )
+            report.streams_compacted += 1
+            self.scanned[s.uid] = (_seen(s), due)  # after the commit: a failed one is tried again
+
+    def _due(self, ctx: GcContext, now_ms: int) -> list[Stream]:
+        state = ctx.state
+        for uid in [u for u in self.scanned if u not in state.streams]:
+            del self.scanned[uid]
+        sources = {s.fork_source for s in state.streams.values() if s.fork_source is not None}
+        keyed = sorted(
+            (
+                s
+                for s in state.streams.values()
+                if s.compaction_key is not None
+                and s.fork_source is None
+                and s.uid not in sources
+                and s.cold_end > s.retained_from
+                and state.paths.get((s.bucket, s.path)) == s.uid
+                and self._changed(s, now_ms)
+            ),
+            key=lambda s: s.uid,
+        )
+        later = [s for s in keyed if s.uid > self.after_uid]
+        order = later + [s for s in keyed if s.uid <= self.after_uid]
+        return order[: ctx.compaction_max_streams]
+
+    def _changed(self, s: Stream, now_ms: int) -> bool:
+        """Whether a scan of ``s`` may remove something its last one did not."""
+        last = self.scanned.get(s.uid)
+        if last is None or last[0] != _seen(s):
+            return True
+        due = last[1]
+        return due is not None and due <= now_ms
+
+
+def _seen(s: Stream) -> tuple[int, int, int]:
+    return (s.cold_end, s.retained_from, len(s.holes))
+
+
+def _removed_flags(messages: list[Message], removed: list[tuple[int, int]]) -> list[bool]:
+    """Per message (in offset order), whether ``removed`` (sorted, merged) covers it: one merge walk."""
+    out: list[bool] = []
+    i = 0
+    for start, *_ in messages:
+        while i < len(removed) and removed[i][1] <= start:
+            i += 1
+        out.append(i < len(removed) and removed[i][0] <= start)
+    return out
+
+
+def _tombstone_due(
+    tokens: tuple[str, ...], messages: list[Message], gone: list[bool], delay_ms: int
+) -> int | None:
+    """When the earliest tombstone a pass kept may go (None: it kept none)."""
+    due: int | None = None
+    for (_, _, message, stored_ms), removed in zip(messages, gone, strict=True):
+        if removed:
+            continue
+        if message_key(tokens, message)[1]:
+            due = stored_ms + delay_ms if due is None else min(due, stored_ms + delay_ms)
+    return due
+
+
+async def _cold_messages(ctx: GcContext, s: Stream) -> list[Message]:
+    """The live messages of ``s``'s cold range, each with when its object was written."""
+    assert ctx.reader is not None
+    out: list[Message] = []
+    for ref in list(s.cold_refs):
+        obj = ctx.state.cold_objects.get(ref.key)
+        if obj is None or obj.payload is not None:
+            break  # a large body stored by reference (or an object going away): stop before it
+        start = max(ref.start, s.retained_from)
+        for a, b in live_pieces(s.holes, start, ref.end):
+            data = await ctx.reader.read(ref.key, obj.index, s.bucket, s.path, a, b)
+            out.extend((m0, m1, m, obj.created_ms) for m0, m1, m in split_messages(a, data))
+    return out
