@@ -56,6 +56,7 @@ PROTOCOL_HEADERS = (
     "Stream-Up-To-Date",
     "Stream-Closed",
     "Stream-Cursor",
+    "Stream-Record",
 )
 
 
@@ -178,7 +179,8 @@ def test_a_catch_up_read_through_the_non_owner_is_the_owners_answer_from_the_sto
         for offset, status, headers, body in walked:
             got_status, got_headers, got_body = _get(other.url + path, offset, reader)
             assert (got_status, got_body) == (status, body)
-            assert _protocol(got_headers) == _protocol(headers)
+            assert _protocol(got_headers) == _protocol(headers)  # Stream-Record among them (issue 22)
+            assert headers.get("Stream-Record") is not None
             last = headers.get("Stream-Up-To-Date") == "true"
             # Every answer that lies wholly below the cold frontier came from the store, not the owner.
             assert got_headers.get("Tiered-Served-By") == (None if last else "n2"), offset

@@ -18,6 +18,7 @@ from tiered.cluster.gateway.catchup import (
 )
 from tiered.cold.parquet.chunk_index import ChunkIndex, ChunkRange, RowGroupSpan, StreamIndex
 from tiered.core.ids import format_offset
+from tiered.engine.streams import locators
 from tiered.engine.streams.locators import (
     MAX_PIECES,
     ColdPiece,
@@ -25,9 +26,11 @@ from tiered.engine.streams.locators import (
     build_locator,
     decode_locator,
     encode_locator,
+    record_of,
     servable_end,
 )
 from tiered.engine.streams.model import ColdObject, ColdSlice, HotSlice
+from tiered.engine.streams.ordinals import RecordIndex, ordinal_containing
 
 
 def msgspec_replace(loc: Locator, **changes: Any) -> Locator:
@@ -255,6 +258,39 @@ def test_a_fork_reads_its_sources_pieces() -> None:
     loc = _build(state, _stream())
     assert loc is not None
     assert [(p.path, p.index.streams[0].stream) for p in loc.pieces] == [("source", "source"), ("p", "p")]
+
+
+def test_the_locator_carries_the_owners_stream_record_for_every_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = [ColdSlice("data/A", "b", "p", 0, 1000), ColdSlice("data/B", "b", "p", 1000, 2500)]
+    state = _State(plan, {"data/A": _obj("data/A", 0, 1000), "data/B": _obj("data/B", 1000, 2500)})
+    index = RecordIndex()
+    index.add([7 * i for i in range(4000 // 7 + 1)])  # a message every 7 bytes, from 0
+    index.trim_below(300)  # retention released the first ones (mid-message at 300)
+    indexes = {9: (index, None, 0)}
+
+    def owner(x: int) -> int:
+        return ordinal_containing(indexes.get, 9, x, 4000)
+
+    loc = _build(state, _stream(retained_from=300), offset=300, index_of=indexes.get)
+    assert loc is not None and loc.record_first is not None
+    assert decode_locator(encode_locator(loc)) == loc
+    assert [record_of(loc, x) for x in range(loc.start, loc.cold_end)] == [
+        owner(x) for x in range(loc.start, loc.cold_end)
+    ]
+    # Without ordinals (a stream from before them, or no index given): no Stream-Record, as the owner.
+    assert record_of(_build(state, _stream(retained_from=300), offset=300), 300) is None  # type: ignore[arg-type]
+    assert record_of(_build(state, _stream(), index_of=lambda uid: None), 0) is None  # type: ignore[arg-type]
+    # Too many messages for one locator: it is cut short where its ordinals end, and still exact.
+    monkeypatch.setattr(locators, "MAX_RECORDS", 100)
+    loc = _build(state, _stream(retained_from=300), offset=300, chunk_bytes=300, index_of=indexes.get)
+    assert loc is not None and loc.cold_end == 1001 and loc.pieces[-1].end == 1001  # 100 changes from 301
+    assert [record_of(loc, x) for x in range(300, 1001)] == [owner(x) for x in range(300, 1001)]
+    # A read whose answer holds more messages than one locator may: no locator, the owner answers it.
+    assert (
+        _build(state, _stream(retained_from=300), offset=300, chunk_bytes=800, index_of=indexes.get) is None
+    )
 
 
 # ---------------------------------------------------------------- the non-owner keeps it

@@ -148,6 +148,36 @@ def test_a_fork_continues_its_source_and_deletes_forget_indexes() -> None:
     assert h.records.indexes == {} and h.records.parents == {}
 
 
+def _changes_agree(h: OrdinalHarness, uid: int, retained_from: int, tail: int) -> None:
+    """``changes`` (what a cold locator carries) gives ``ordinal_containing`` at every offset of any range."""
+    for start in range(retained_from, tail):
+        first = ordinals.ordinal_containing(h.index_of, uid, start, tail)
+        for end in {start + 1, (start + tail + 1) // 2, tail}:
+            changes = ordinals.changes(h.index_of, uid, start, end, tail)
+            assert all(start <= o < end for o, _ in changes)
+            for x in range(start, end):
+                at = [n for o, n in changes if o <= x]
+                assert (at[-1] if at else first) == ordinals.ordinal_containing(h.index_of, uid, x, tail)
+
+
+def test_changes_answer_ordinals_through_forks_and_retention() -> None:
+    h = OrdinalHarness()
+    h.create("src", content_type="text/plain", data=b"a")
+    for part in (b"bc", b"def", b"gh"):
+        h.append("src", part, content_type="text/plain")
+    src = h.stream("src")
+    h.commit(h.state.decide_retain(B, "src", 2, 0))  # mid-message: the partial one's entry goes
+    h.create("fork", content_type="text/plain", fork=ForkRequest(src.uid, 4, "src@4"))  # mid-message, no body
+    h.append("fork", b"XY", content_type="text/plain")
+    h.append("fork", b"Z", content_type="text/plain")
+    fork = h.stream("fork")
+    h.create("fork2", content_type="text/plain", data=b"QQ", fork=ForkRequest(fork.uid, 7, "fork@7"))
+    h.append("fork2", b"R", content_type="text/plain")
+    for name in ("src", "fork", "fork2"):
+        s = h.stream(name)
+        _changes_agree(h, s.uid, s.retained_from, s.tail)
+
+
 def test_streams_from_before_ordinals_have_none_and_appends_do_not_start_a_partial_index() -> None:
     h = OrdinalHarness()
     h.create("s", content_type="text/plain", data=b"old")
@@ -192,6 +222,7 @@ def test_ordinals_match_a_model(json_mode: bool, ops: list[tuple[str, Any]]) -> 
         assert ordinals.offset_of(h.index_of, s.uid, ordinal, s.tail) == start
         assert ordinals.ordinal_containing(h.index_of, s.uid, start, s.tail) == ordinal
     assert ordinals.offset_of(h.index_of, s.uid, len(model), s.tail) == s.tail
+    _changes_agree(h, s.uid, s.retained_from, s.tail)
 
 
 @settings(max_examples=40, deadline=None)

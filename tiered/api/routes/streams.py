@@ -358,6 +358,7 @@ class StreamRoutes:
             span_bytes=self.locator_span_bytes,
             valid_ms=valid_ms,
             now_ms=now_ms,
+            index_of=service.record_indexes(),
         )
         if locator is None:
             return None

@@ -144,4 +144,5 @@ class LocatorCache:
 
 
 def _pieces(entries: list[tuple[Locator, float]]) -> int:
-    return sum(len(loc.pieces) for loc, _ in entries)
+    """What ``entries`` weigh against ``max_pieces``: their pieces, and 4 KiB of record ordinals as one more."""
+    return sum(len(loc.pieces) + len(loc.record_offs) // 2048 for loc, _ in entries)

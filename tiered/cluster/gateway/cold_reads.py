@@ -45,6 +45,7 @@ from tiered.engine.streams.locators import (
     ColdPiece,
     Locator,
     decode_locator,
+    record_of,
     servable_end,
 )
 from tiered.engine.streams.model import ColdSlice
@@ -212,6 +213,11 @@ class CatchupReads:
             closed=False,
             cursor=None,
         )
+        ordinal = record_of(
+            loc, offset
+        )  # as the owner's ``_with_record``: the message holding the first byte
+        if ordinal is not None:
+            response.headers["Stream-Record"] = str(ordinal)
         response.headers[SERVED_BY] = self.node_id
         return response
 

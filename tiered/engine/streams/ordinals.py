@@ -58,7 +58,7 @@ from tiered.engine.streams.records import (
     StreamExpired,
 )
 
-__all__ = ["NAME", "RecordIndex", "RecordsState", "RecordView", "message_starts"]
+__all__ = ["NAME", "RecordIndex", "RecordsState", "RecordView", "changes", "message_starts"]
 
 NAME = "records"  # the extension's name: its section of the snapshot
 
@@ -291,3 +291,27 @@ def offset_of(index_of: IndexOf, uid: int, ordinal: int, tail: int) -> int | Non
         return None
     at = index.offset_of(ordinal)
     return tail if at is None or at > tail else at
+
+
+def changes(index_of: IndexOf, uid: int, start: int, end: int, tail: int) -> list[tuple[int, int]]:
+    """Where ``ordinal_containing`` changes in ``(start, end)``: (offset, the ordinal from there on), in order.
+
+    With ``ordinal_containing(start)`` this answers ``ordinal_containing(x)`` for
+    every ``x`` in ``[start, end)`` (``end <= tail``): the ordinal of the last
+    change at or below ``x``, else the one at ``start``. What a cold locator
+    carries so a node that does not own the stream answers ``Stream-Record``.
+    """
+    found = index_of(uid)
+    assert found is not None
+    index, source, fork_offset = found
+    out: list[tuple[int, int]] = []
+    if source is not None and start < fork_offset:
+        out = changes(index_of, source, start, min(end, fork_offset), fork_offset)
+        if end <= fork_offset:
+            return out
+        start = fork_offset
+        if start not in index.offs[:1]:  # the fork's own bytes start without an own message there
+            out.append((start, ordinal_containing(index_of, uid, start, tail)))
+    lo, hi = bisect_left(index.offs, start), bisect_left(index.offs, end)
+    out.extend(zip(index.offs[lo:hi], index.ords[lo:hi], strict=True))
+    return out

@@ -466,6 +466,10 @@ class StreamService:
         s = self.state.streams[uid]
         return index, (s.fork_source if uid in records.parents else None), s.fork_offset
 
+    def record_indexes(self) -> ordinals.IndexOf:
+        """uid -> its record index (with its fork source and offset): what a cold locator's ordinals need."""
+        return self._index_of
+
     def records(self, s: Stream, tail: int) -> ordinals.RecordView | None:
         """First retained, next and count of ``s``'s record ordinals as of ``tail``; None: it keeps none."""
         return ordinals.view(self._index_of, s.uid, s.retained_from, tail)
