@@ -411,3 +411,16 @@ def test_no_function_is_over_the_line_limit() -> None:
 if __name__ == "__main__":
     print(report(violations()))
     sys.exit(0)
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """A package left out of pyproject's list is missing from the wheel (and so from every deployed node)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(project["packages"])
+    dirs = {"tiered": ROOT / "tiered", **{f"tiered.{name}": ROOT / name for name in ("hot", "cold", "gc")}}
+    found = set()
+    for prefix, top in dirs.items():
+        for init in top.rglob("__init__.py"):
+            rel = init.parent.relative_to(top).parts
+            found.add(".".join((prefix, *rel)) if rel else prefix)
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
