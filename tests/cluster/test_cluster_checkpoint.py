@@ -150,7 +150,11 @@ def test_the_index_reproduces_every_file_through_ships_and_checkpoints(
         if op == "append":
             m.files.setdefault(name, bytearray()).extend(data)
         elif op == "cut" and name in m.files:
+            # Recovery cuts a torn tail when an engine starts; the host ships before the engine takes a
+            # write (WalShipper.ship_recovered), so a cut is never followed by appends in one ship.
             del m.files[name][len(m.files[name]) // 2 :]
+            m.ship()
+            m.check()
         elif op == "delete":
             m.files.pop(name, None)
         elif op == "ship":

@@ -257,6 +257,12 @@ class ShardHost:
         except BaseException:
             await node.stop()
             raise
+        if shipper is not None:
+            try:
+                await shipper.ship_recovered()  # a cut torn tail reaches the store before any new write
+            except BaseException:
+                await node.stop()
+                raise
         self.engines[shard] = node
         self.epochs[shard] = epoch
         if shipper is not None:

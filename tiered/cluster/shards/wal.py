@@ -185,6 +185,18 @@ class WalShipper:
         self._kick.set()
         await future
 
+    async def ship_recovered(self) -> None:
+        """Ship what the engine's recovery did to the restored files, before it takes any write.
+
+        Shipping compares sizes: a file shorter than shipped is a cut (recovery cut a
+        torn tail). A cut followed by appends past the old size before the next ship
+        would look like growth, and the rewritten bytes below the old size would never
+        reach the store (the next owner would restore the torn bytes). So the host
+        ships once between the engine's start and its first write.
+        """
+        async with self._lock:
+            await self._ship()
+
     async def flush(self) -> None:
         """Ship now, then checkpoint: before a handoff, so the next owner restores quickly."""
         async with self._lock:
