@@ -187,8 +187,10 @@ def test_metrics_aggregate_every_worker_and_shutdown_is_clean(tmp_path: Path) ->
     assert set(_metric(text, "process_cpu_seconds_total")) == {"w0", "w1"}
     assert sum(_served(srv).values()) == 8
     # every answer one worker gave, and the appends forwarded to their shard's worker, are in one scrape
+    # (which worker the kernel hands each connection is its choice: under load one worker may have
+    # taken them all, so the sum is what is exact, not the split)
     requests = _metric(text, "tiered_http_requests_total")
-    assert set(requests) == {"w0", "w1"} and sum(requests.values()) >= 24, requests
+    assert set(requests) <= {"w0", "w1"} and sum(requests.values()) >= 24, requests
     pids = _pids(srv)
     assert srv.stop() == 0, srv.log()
     assert not any(_alive(p) for p in pids.values())
