@@ -258,11 +258,7 @@ class ShardHost:
             await node.stop()
             raise
         if shipper is not None:
-            try:
-                await shipper.ship_recovered()  # a cut torn tail reaches the store before any new write
-            except BaseException:
-                await node.stop()
-                raise
+            shipper.note_recovery()  # a torn tail cut at start ships from its cut, before any new write
         self.engines[shard] = node
         self.epochs[shard] = epoch
         if shipper is not None:

@@ -150,6 +150,7 @@ class WalShipper:
         self._waiting: list[asyncio.Future[None]] = []
         self._kick = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._cut: set[str] = set()  # files recovery cut, their cut not yet shipped (``note_recovery``)
         self._last_start = -1e18
         self.closed = False
         # The GC of WAL objects and chain entries (``tiered/cluster/shards/wal_lifecycle.py``).
@@ -185,17 +186,25 @@ class WalShipper:
         self._kick.set()
         await future
 
-    async def ship_recovered(self) -> None:
-        """Ship what the engine's recovery did to the restored files, before it takes any write.
+    def note_recovery(self) -> None:
+        """Take in what the engine's recovery did to the restored files, before it takes any write.
 
         Shipping compares sizes: a file shorter than shipped is a cut (recovery cut a
         torn tail). A cut followed by appends past the old size before the next ship
         would look like growth, and the rewritten bytes below the old size would never
         reach the store (the next owner would restore the torn bytes). So the host
-        ships once between the engine's start and its first write.
+        calls this between the engine's start and its first write: the next ship
+        writes each cut file from its cut (a piece also cuts the image there).
         """
-        async with self._lock:
-            await self._ship()
+        for name, path in _scan(self.directory):
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+            done = self.shipped.get(name)
+            if done is not None and size < done:
+                self.shipped[name] = size
+                self._cut.add(name)
 
     async def flush(self) -> None:
         """Ship now, then checkpoint: before a handoff, so the next owner restores quickly."""
@@ -281,6 +290,8 @@ class WalShipper:
                         writes.append((name, start, f.read(size - start)))
                     elif size < done:  # recovery cut a torn tail: cut the image too
                         writes.append((name, size, b""))
+                    elif name in self._cut:  # cut at recovery (``note_recovery``), not grown since
+                        writes.append((name, size, b""))
             except FileNotFoundError:
                 continue  # deleted while scanning: recorded below
             present.add(name)
@@ -308,8 +319,10 @@ class WalShipper:
         self.index.apply(commit)
         for name, start, chunk in writes:
             self.shipped[name] = start + len(chunk)
+            self._cut.discard(name)
         for name in deleted:
             self.shipped.pop(name, None)
+            self._cut.discard(name)
         self.ships += 1
         self.bytes_shipped += len(data)
         self._since_checkpoint += 1
