@@ -258,3 +258,27 @@ def test_a_crash_at_every_step_of_a_checkpoint_and_its_releases(tmp_path: Path, 
             assert files_of(sim.root / "b") == restored
         finally:
             close(sim)
+
+
+def test_a_tail_cut_at_start_and_overwritten_reaches_the_next_owner(sim: Sim) -> None:
+    """Recovery cuts a torn tail when the new owner's engine starts; appends then pass the old size
+    before the next ship. Shipping compares sizes, so without ``note_recovery`` the bytes rewritten
+    below the old size would never be shipped and the next owner would restore the torn ones."""
+    a = sim.node("a", 1000.0)
+    sim.rounds([a], 3)
+    ship = shipper(sim, a, WalIndex())
+    segment = sim.root / "a" / "hot" / segment_name(1)
+    segment.parent.mkdir(parents=True, exist_ok=True)
+    segment.write_bytes(b"acked;torn")
+    sim.run(ship.ship_once())
+    b, successor, _ = take_over(sim, "b", 9000.0)
+    restored = sim.root / "b" / "hot" / segment_name(1)
+    assert restored.read_bytes() == b"acked;torn"
+    with open(restored, "r+b") as f:  # the engine's recovery cuts the torn tail...
+        f.truncate(len(b"acked;"))
+    successor.note_recovery()  # ...then the host notes it, before the shard's first write
+    with open(restored, "ab") as f:
+        f.write(b"new-append;")  # past the old size
+    sim.run(successor.ship_once())
+    c, _, _ = take_over(sim, "c", 20000.0)
+    assert (sim.root / "c" / "hot" / segment_name(1)).read_bytes() == b"acked;new-append;"
