@@ -26,13 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from compare import wait_ready  # noqa: E402
 from workers import cpu_s, free_port, http  # noqa: E402
 
 
@@ -56,15 +56,7 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
         with open(f"{tmp}/server.log", "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline or proc.poll() is not None:
-                            raise SystemExit(f"server did not start: {cmd}") from None
-                        time.sleep(0.1)
+                wait_ready(proc, f"http://127.0.0.1:{port}", Path(f"{tmp}/server.log"), 60)
                 for i in range(args.streams):
                     status, _ = http("PUT", f"http://127.0.0.1:{port}/v1/stream/cpu-{i}")
                     assert status in (200, 201), status

@@ -278,7 +278,7 @@ class EngineCollector:
             "When the last GC pass finished (Unix seconds; 0: none yet)",
             t.last_pass_ms / 1000,
         )
-        groups = node.groups
+        groups = node.groups.skips
         yield counter(
             "tiered_group_skipped_bytes",
             "Bytes consumer groups never processed because retention released them first (cursors moved past)",
@@ -289,7 +289,7 @@ class EngineCollector:
             "Times retention moved a consumer group's cursor past data it had not committed",
             groups.skipped_ranges,
         )
-        subscriptions = node.subscriptions
+        subscriptions = node.subscriptions.skips
         yield counter(
             "tiered_subscription_skipped_bytes",
             "Bytes subscription links never had acked because retention released them first (acked offsets moved past)",

@@ -77,14 +77,6 @@ class GroupService:
         #: What retention made groups skip (``/metrics``), as journaled by this process.
         self.skips = skips or CursorSkips()
 
-    @property
-    def skipped_bytes(self) -> int:
-        return self.skips.skipped_bytes
-
-    @property
-    def skipped_ranges(self) -> int:
-        return self.skips.skipped_ranges
-
     def begin_shutdown(self) -> None:
         """Stop the sweeper's next pass and release every waiting member at once."""
         self.closing = True

@@ -138,14 +138,6 @@ class SubscriptionService:
         #: What retention made links skip (``/metrics``), as journaled by this process.
         self.skips = skips or LinkSkips()
 
-    @property
-    def skipped_bytes(self) -> int:
-        return self.skips.skipped_bytes
-
-    @property
-    def skipped_ranges(self) -> int:
-        return self.skips.skipped_ranges
-
     def streams(self, now_ms: int) -> StreamsView:
         """The default bucket's streams at their durable (visible) tails (and other shards', in cluster mode)."""
         local = StateStreams(self.state, now_ms, lambda s: self.visibility.view(s).tail)
