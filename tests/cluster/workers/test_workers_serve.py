@@ -38,6 +38,15 @@ def _log(srv: ServerProcess) -> str:
     return srv.log_path.read_text(errors="replace")
 
 
+def _start(node: ServerProcess) -> ServerProcess:
+    """Start the node and wait for the supervisor's ``tiered listening on``: every worker then serves the
+    port (``/healthz`` answers as soon as one does, while its sibling may still be settling)."""
+    before = _log(node).count("tiered listening on") if node.log_path.exists() else 0
+    node.start(timeout=60)
+    wait_for(lambda: _log(node).count("tiered listening on") > before, 60, "every worker to listen")
+    return node
+
+
 def _pids(srv: ServerProcess) -> dict[str, int]:
     """Each worker's latest pid, from the supervisor's log."""
     return {w: int(p) for w, p in re.findall(r"worker (w\d+) started \(pid (\d+)\)", _log(srv))}
@@ -117,7 +126,7 @@ def _served(srv: ServerProcess) -> dict[str, float]:
 @pytest.mark.conformance
 def test_conformance_suite_against_two_workers(conformance_suite: Path, tmp_path: Path) -> None:
     """The whole official suite, subscriptions included, against a two-worker node."""
-    srv = _node(tmp_path / "data", "--webhook-allow-loopback", "true").start(timeout=60)
+    srv = _start(_node(tmp_path / "data", "--webhook-allow-loopback", "true"))
     try:
         passed, failed, out = run_suite(
             conformance_suite, srv.url, env={"CONFORMANCE_SUBSCRIPTIONS": "1"}, test_timeout_s=15
@@ -130,7 +139,7 @@ def test_conformance_suite_against_two_workers(conformance_suite: Path, tmp_path
 
 
 def test_sigkill_of_one_worker_loses_nothing(tmp_path: Path) -> None:
-    srv = _node(tmp_path / "data").start(timeout=60)
+    srv = _start(_node(tmp_path / "data"))
     try:
         served = _served(srv)
         assert set(served) == {"w0", "w1"} and sum(served.values()) == 8, served
@@ -156,14 +165,14 @@ def test_sigkill_of_one_worker_loses_nothing(tmp_path: Path) -> None:
 
 def test_sigkill_of_the_whole_node_loses_nothing(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    srv = _node(data).start(timeout=60)
+    srv = _start(_node(data))
     appender = Appender(srv, _streams(srv, 8))
     for k in range(80):
         appender.append(k)
     pids = _pids(srv)
     srv.kill()  # SIGKILL to the node's process group: supervisor and workers at once
     wait_for(lambda: not any(_alive(p) for p in pids.values()), 10, "every worker to be gone")
-    again = _node(data).start(timeout=60)
+    again = _start(_node(data))
     try:
         appender.srv = again
         appender.check()  # every acknowledged append, byte-exact, after recovery from the shards' journals
@@ -176,7 +185,7 @@ def test_sigkill_of_the_whole_node_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_metrics_aggregate_every_worker_and_shutdown_is_clean(tmp_path: Path) -> None:
-    srv = _node(tmp_path / "data").start(timeout=60)
+    srv = _start(_node(tmp_path / "data"))
     appender = Appender(srv, _streams(srv, 8))
     for k in range(16):
         appender.append(k)
@@ -213,7 +222,7 @@ def test_a_data_dir_keeps_its_layout(tmp_path: Path) -> None:
         timeout=scaled(60),
     )
     assert refused.returncode == 2 and "holds a single-process node's data" in refused.stderr, refused
-    srv = _node(multi).start(timeout=60)
+    srv = _start(_node(multi))
     assert srv.stop() == 0
     refused = subprocess.run(
         [*tiered_command(), "serve", "--port", "1", "--data-dir", str(multi)],
