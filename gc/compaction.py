@@ -70,8 +70,8 @@ class CompactKeyedStreams:
             if gc_pass.dry_run:
                 report.would_compact.append({"bucket": s.bucket, "path": s.path, "removed": removed})
                 continue
-            if ctx.state.streams.get(s.uid) is not s:
-                continue  # deleted or erased while its messages were read
+            if ctx.state.streams.get(s.uid) is not s or s.uid in ctx.state.children:
+                continue  # deleted or erased (or forked: a fork inherits holes only at its creation) meanwhile
             await ctx.committer.commit(
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
