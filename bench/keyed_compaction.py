@@ -26,7 +26,8 @@ cold tier. Phases (``--phases``):
     Append throughput in one run, side by side: ``--appenders`` writers of 1 KiB
     appends (each acknowledged after fsync) while a GC pass compacts and rewrites
     a fresh ``rewrite``-shaped stream (``--append-updates`` updates), then idle
-    for as long; ``--repeat`` rounds; medians and every round's ratio.
+    for as long; ``--repeat`` rounds; medians and every round's ratio. The rewrite
+    is paced as a server paces it (``--rewrite-bytes-per-s``, default the server's).
 
 The issue asks for 1M updates; ``--updates`` defaults to 1,000,000 for
 ``storage`` (the other phases use ``--rewrite-updates``). MB is 10**6 bytes.
@@ -62,7 +63,9 @@ OCTET = "application/octet-stream"
 GRACE_MS = 10_000
 
 
-def make_config(data_dir: Path, store: str, moto: rewrite_bench.Moto | None, run: str) -> Config:
+def make_config(
+    data_dir: Path, store: str, moto: rewrite_bench.Moto | None, run: str, pace: int = 0
+) -> Config:
     values: dict[str, Any] = {
         "data_dir": str(data_dir),
         "max_body_bytes": 4 << 20,
@@ -73,7 +76,7 @@ def make_config(data_dir: Path, store: str, moto: rewrite_bench.Moto | None, run
         "reconcile_interval_s": 3600.0,
         "max_hot_bytes": 1 << 30,
         "rewrite_max_objects_per_pass": 10_000,
-        "rewrite_bytes_per_s": 0,
+        "rewrite_bytes_per_s": pace,
     }
     if store == "moto":
         assert moto is not None
@@ -212,7 +215,7 @@ async def phase_appends(
     store: str, moto: rewrite_bench.Moto | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="keyed-bench-") as tmp:
-        node = Engine(make_config(Path(tmp), store, moto, "appends"), SystemClock())
+        node = Engine(make_config(Path(tmp), store, moto, "appends", args.rewrite_bytes_per_s), SystemClock())
         await node.start(jobs=False)
         try:
             await warm_worker()
@@ -274,6 +277,12 @@ def main() -> int:
     parser.add_argument("--append-bytes", type=int, default=1024)
     parser.add_argument("--max-appends", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--rewrite-bytes-per-s",
+        type=int,
+        default=Config().rewrite_bytes_per_s,
+        help="the appends phase's rewrite pace (default: the server's; storage and rewrite run unpaced)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     stores = [s for s in args.stores.split(",") if s]

@@ -190,6 +190,17 @@ def _worker_pool() -> ProcessPoolExecutor:
     return _pool
 
 
+async def in_worker(fn: Callable[..., tuple[str, Any]], *args: Any) -> tuple[str, Any]:
+    """``fn(*args)`` in the worker process (keyed compaction's decision runs here too)."""
+    global _pool
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_worker_pool(), fn, *args)
+    except BrokenProcessPool:
+        _pool = None  # the worker died (killed, out of memory): the next call starts a new one
+        raise
+
+
 async def _in_worker(
     key: str,
     data: bytes,
@@ -198,15 +209,7 @@ async def _in_worker(
     predicate: Callable[[ColdRecord], bool] | None,
 ) -> Encoded:
     """``rewrite_bytes`` in the worker process; its refusals raised here as the errors they are."""
-    global _pool
-    loop = asyncio.get_running_loop()
-    try:
-        outcome, value = await loop.run_in_executor(
-            _worker_pool(), rewrite_bytes, key, data, recorded, keep, predicate
-        )
-    except BrokenProcessPool:
-        _pool = None  # the worker died (killed, out of memory): the next rewrite starts a new one
-        raise
+    outcome, value = await in_worker(rewrite_bytes, key, data, recorded, keep, predicate)
     if outcome == "damaged":
         raise ColdDataDamaged(key, value)
     if outcome == "mismatch":
