@@ -35,6 +35,7 @@ from tiered.engine.streams.keyed import live_pieces
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import StreamCompacted
 from tiered.gc.context import GcContext, GcPass
+from tiered.gc.erasure import pace
 
 log = logging.getLogger(__name__)
 
@@ -125,5 +126,7 @@ async def _cold_pieces(ctx: GcContext, s: Stream) -> list[Piece]:
             break  # a large body stored by reference (or an object going away): stop before it
         start = max(ref.start, s.retained_from)
         for a, b in live_pieces(s.holes, start, ref.end):
+            started = ctx.clock.monotonic()
             out.append((a, await ctx.reader.read(ref.key, obj.index, s.bucket, s.path, a, b), obj.created_ms))
+            await pace(ctx, b - a, started)  # paced like the rewrites, so appends keep their share
     return out
