@@ -6,8 +6,11 @@ child process of its own, on loopback, as ``bench/compaction.py`` starts it), th
 journal with fsync, the system clock; the flusher and GC driven by hand. A JSON
 stream created with ``Stream-Compaction-Key: /id`` gets ``--updates`` messages
 (``--batch`` per append) of ``--value-bytes`` of random hex each (so zstd does not
-hide the sizes), keys 0 .. ``--keys`` in round robin; everything is flushed to the
-cold tier. Phases (``--phases``):
+hide the sizes), keys 0 .. ``--keys`` in round robin; the flusher runs every
+``--flush-every`` appends (100: about 4.7 MB of messages, so a flush packs the
+stream with its companion below into shared objects, as a server's 1 s flush
+interval does with busy streams), and everything is flushed to the cold tier in
+the end. Phases (``--phases``):
 
 ``storage``
     The stream alone. One GC pass compacts it (``compaction``: the holes
@@ -109,6 +112,9 @@ async def fill(node: Engine, path: str, updates: int, args: argparse.Namespace, 
         await streams.append("default", path, AppendRequest(JSON, json.dumps(batch).encode(), False))
         if companion:
             await streams.append("default", f"{path}-c", AppendRequest(OCTET, os.urandom(companion), False))
+        if (first // args.batch + 1) % args.flush_every == 0:  # as the flusher's interval would
+            while await node.flusher.flush_once():
+                pass
     while await node.flusher.flush_once():
         pass
     await node.flusher.release_hot_copies()
@@ -189,7 +195,7 @@ async def phase_rewrite(
         try:
             await warm_worker()
             await fill(node, "k", args.rewrite_updates, args, args.companion_bytes)
-            before = stored(node)
+            before, objects_before = stored(node), len(node.state.cold_objects)
             scan_s, scan = await run_task(node, "compaction")
             reclaim_s, reclaim = await run_task(node, "compaction-reclaim")
             assert not scan.errors and not reclaim.errors and not reclaim.integrity_errors, (scan, reclaim)
@@ -200,6 +206,7 @@ async def phase_rewrite(
                 "updates": args.rewrite_updates,
                 "stored_bytes_before": before,
                 "stored_bytes_after": written,
+                "objects_before": objects_before,
                 "objects_compacted": reclaim.objects_compacted,
                 "compaction_scan_s": round(scan_s, 3),
                 "reclaim_s": round(reclaim_s, 3),
@@ -272,6 +279,12 @@ def main() -> int:
     parser.add_argument("--append-updates", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=500, help="messages per append")
     parser.add_argument("--value-bytes", type=int, default=64)
+    parser.add_argument(
+        "--flush-every",
+        type=int,
+        default=100,
+        help="appends between flushes (small flushes pack streams together)",
+    )
     parser.add_argument("--companion-bytes", type=int, default=4096, help="per keyed append, rewrite/appends")
     parser.add_argument("--appenders", type=int, default=16)
     parser.add_argument("--append-bytes", type=int, default=1024)
