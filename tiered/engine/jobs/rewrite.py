@@ -1,9 +1,14 @@
 """Rewriting one cold object without the rows nobody reads, through a journaled lifecycle.
 
-The machinery erasure uses (``tiered.gc.erasure``) and any later rewrite
-(compaction) can: given an object, keep the rows some stream range still
-reads (``rewrite_plan``), optionally filtered further, and swap the ranges to
-the new object. The steps, each safe to crash after:
+The machinery erasure (``tiered.gc.erasure``) and keyed compaction
+(``tiered.gc.reclaim``) use: given an object, keep the rows some stream range
+still reads (``rewrite_plan``), optionally filtered further, and swap the
+ranges to the new object. Records wholly inside a stream's holes (removed by
+keyed compaction) are not copied, and their digests are released with the
+commit (``ColdRewriteCommitted.dropped``); a range wholly inside holes is
+released rather than copied (``ColdHolesReleased``, in the same journal batch
+as the commit, or alone when no range of the object needs a copy). The steps,
+each safe to crash after:
 
 1. the old object is read whole and checked against the size and CRC32C the
    metadata recorded (then every Parquet page checksum as it decodes): a
