@@ -7,6 +7,8 @@ that is a tombstone once it has been stored for ``tombstone_delay_ms``) and
 journals it as one ``StreamCompacted`` record: a reader sees the range
 compacted all at once or not at all, and a crash before the record leaves
 the stream as it was (the next pass decides again, the same way: idempotent).
+The bytes are read here; splitting them into messages and deciding run in the
+rewrite worker process (``tiered.engine.jobs.compaction_scan``), off the event loop.
 
 A tombstone's age is measured from when its cold object was written, which
 is never before its append: a late reader sees a delete for at least the delay.
@@ -23,18 +25,19 @@ tombstone that scan kept falls due (soft state: a restart scans everything once)
 from __future__ import annotations
 
 import logging
+from concurrent.futures.process import BrokenProcessPool
 
 from tiered.cold.objects.store import ObjectStoreError
 from tiered.cold.parquet.chunk import ColdDataDamaged
 from tiered.core.errors import TieredError
-from tiered.engine.streams.keyed import live_pieces, message_key, parse_pointer, plan_removals, split_messages
+from tiered.engine.jobs.compaction_scan import Piece, decide_in_worker
+from tiered.engine.streams.keyed import live_pieces
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import StreamCompacted
 from tiered.gc.context import GcContext, GcPass
+from tiered.gc.erasure import pace
 
 log = logging.getLogger(__name__)
-
-Message = tuple[int, int, bytes, int]
 
 
 class CompactKeyedStreams:
@@ -53,12 +56,12 @@ class CompactKeyedStreams:
         for s in self._due(ctx, gc_pass.now):
             self.after_uid = s.uid
             try:
-                messages = await _cold_messages(ctx, s)
-                tokens = parse_pointer(s.compaction_key or "/")
-                removed = plan_removals(tokens, messages, gc_pass.now, ctx.tombstone_delay_ms)
-                gone = _removed_flags(messages, removed)
-                due = _tombstone_due(tokens, messages, gone, ctx.tombstone_delay_ms)
-            except (ObjectStoreError, ColdDataDamaged, TieredError) as exc:
+                pieces = await _cold_pieces(ctx, s)
+                # Splitting, parsing keys and deciding run in the rewrite worker process, off the loop.
+                removed, gone, due = await decide_in_worker(
+                    s.compaction_key or "/", pieces, gc_pass.now, ctx.tombstone_delay_ms
+                )
+            except (ObjectStoreError, ColdDataDamaged, TieredError, BrokenProcessPool) as exc:
                 log.warning("compaction of %s/%s skipped this pass: %s", s.bucket, s.path, exc)
                 report.errors.append(f"compaction of {s.bucket}/{s.path} skipped: {exc}")
                 continue
@@ -66,12 +69,12 @@ class CompactKeyedStreams:
                 if not gc_pass.dry_run:
                     self.scanned[s.uid] = (_seen(s), due)
                 continue
-            report.messages_compacted += sum(gone)
+            report.messages_compacted += gone
             if gc_pass.dry_run:
                 report.would_compact.append({"bucket": s.bucket, "path": s.path, "removed": removed})
                 continue
-            if ctx.state.streams.get(s.uid) is not s:
-                continue  # deleted or erased while its messages were read
+            if ctx.state.streams.get(s.uid) is not s or s.uid in ctx.state.children:
+                continue  # deleted or erased (or forked: a fork inherits holes only at its creation) meanwhile
             await ctx.committer.commit(
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
@@ -113,40 +116,17 @@ def _seen(s: Stream) -> tuple[int, int, int]:
     return (s.cold_end, s.retained_from, len(s.holes))
 
 
-def _removed_flags(messages: list[Message], removed: list[tuple[int, int]]) -> list[bool]:
-    """Per message (in offset order), whether ``removed`` (sorted, merged) covers it: one merge walk."""
-    out: list[bool] = []
-    i = 0
-    for start, *_ in messages:
-        while i < len(removed) and removed[i][1] <= start:
-            i += 1
-        out.append(i < len(removed) and removed[i][0] <= start)
-    return out
-
-
-def _tombstone_due(
-    tokens: tuple[str, ...], messages: list[Message], gone: list[bool], delay_ms: int
-) -> int | None:
-    """When the earliest tombstone a pass kept may go (None: it kept none)."""
-    due: int | None = None
-    for (_, _, message, stored_ms), removed in zip(messages, gone, strict=True):
-        if removed:
-            continue
-        if message_key(tokens, message)[1]:
-            due = stored_ms + delay_ms if due is None else min(due, stored_ms + delay_ms)
-    return due
-
-
-async def _cold_messages(ctx: GcContext, s: Stream) -> list[Message]:
-    """The live messages of ``s``'s cold range, each with when its object was written."""
+async def _cold_pieces(ctx: GcContext, s: Stream) -> list[Piece]:
+    """The live pieces of ``s``'s cold range (bytes), each with when its object was written."""
     assert ctx.reader is not None
-    out: list[Message] = []
+    out: list[Piece] = []
     for ref in list(s.cold_refs):
         obj = ctx.state.cold_objects.get(ref.key)
         if obj is None or obj.payload is not None:
             break  # a large body stored by reference (or an object going away): stop before it
         start = max(ref.start, s.retained_from)
         for a, b in live_pieces(s.holes, start, ref.end):
-            data = await ctx.reader.read(ref.key, obj.index, s.bucket, s.path, a, b)
-            out.extend((m0, m1, m, obj.created_ms) for m0, m1, m in split_messages(a, data))
+            started = ctx.clock.monotonic()
+            out.append((a, await ctx.reader.read(ref.key, obj.index, s.bucket, s.path, a, b), obj.created_ms))
+            await pace(ctx, b - a, started)  # paced like the rewrites, so appends keep their share
     return out

@@ -67,11 +67,11 @@ class RewriteErasedObjects:
                 continue
             if done is not None:
                 report.objects_rewritten += 1
-                await _pace(ctx, done.bytes_before + done.bytes_after, started)
+                await pace(ctx, done.bytes_before + done.bytes_after, started)
             started = ctx.clock.monotonic()
 
 
-async def _pace(ctx: GcContext, moved: int, started: float) -> None:
+async def pace(ctx: GcContext, moved: int, started: float) -> None:
     """Hold the rewrite to ``rewrite_bytes_per_s`` (read plus written), so appends keep their share."""
     if ctx.rewrite_bytes_per_s > 0:
         await asyncio.sleep(max(0.0, moved / ctx.rewrite_bytes_per_s - (ctx.clock.monotonic() - started)))

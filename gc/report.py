@@ -30,6 +30,9 @@ class GcReport:
     streams_compacted: int = 0
     messages_compacted: int = 0
     would_compact: list[dict[str, Any]] = field(default_factory=list)
+    # Physical keyed compaction (``compaction-reclaim``): objects rewritten without hole bytes, bytes gone.
+    objects_compacted: int = 0
+    compaction_bytes_reclaimed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

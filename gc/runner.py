@@ -32,6 +32,7 @@ from tiered.gc.expiry import ExpireStreams
 from tiered.gc.hot_segments import ReleaseHotCopies
 from tiered.gc.orphans import ReconcileOrphans
 from tiered.gc.producers import ExpireProducers
+from tiered.gc.reclaim import ReclaimCompactedObjects
 from tiered.gc.report import GcReport, GcTotals
 from tiered.gc.retention import ApplyRetention
 
@@ -52,6 +53,7 @@ def default_tasks() -> list[GcTask]:
         ApplyRetention(),
         ReleaseHotCopies(),
         CompactKeyedStreams(),  # keyed compaction (issue 21)
+        ReclaimCompactedObjects(),  # its storage reclaimed: objects rewritten without the holes
         RewriteErasedObjects(),  # before the deletes: the objects it releases wait out the grace there
         DeleteReleasedObjects(),
         ReconcileOrphans(),

@@ -26,7 +26,11 @@ Layout rules:
 * Rows are sorted by ``(bucket, stream, incarnation, start_offset)`` (ties, which only
   zero-length records can produce, by ``end_offset``); the footer declares this via
   ``sorting_columns``. An object holds one incarnation of a path at most, and its
-  records are contiguous in offset.
+  records are contiguous in offset, except in an object a keyed compaction rewrote
+  (``encode_chunk(gaps=True)``): there a stream's rows may skip the records compaction
+  removed. Each ``ChunkRange`` of the index is contiguous; a gap starts a new one (in the
+  same row group too), and a read that crosses a gap is refused, never served short.
+  Objects without gaps index exactly as before, so the change is additive.
 * zstd compression by default; min/max statistics are written for every column
   except ``payload`` (payload statistics are useless and would bloat the footer
   that every read fetches). ``bucket``/``stream`` are dictionary encoded.
@@ -143,20 +147,23 @@ def encode_chunk(
     *,
     row_group_bytes: int = 1 << 20,
     compression: str = "zstd",
+    gaps: bool = False,
 ) -> tuple[bytes, ChunkIndex]:
     """Encode records into one Parquet object and return ``(file_bytes, index)``.
 
     Records may arrive in any order; they are sorted here. Raises ValueError for
     empty input, a payload whose length disagrees with its offsets, a stream
-    whose records are not contiguous (the index relies on contiguity), or two
-    incarnations of one stream (the index names a stream by bucket and path).
+    whose records are not contiguous (the index relies on contiguity; with
+    ``gaps`` a stream may skip offsets, as a compaction rewrite does, and each
+    contiguous run is indexed apart), overlapping records, or two incarnations
+    of one stream (the index names a stream by bucket and path).
     """
     if row_group_bytes <= 0:
         raise ValueError(f"row_group_bytes must be positive, got {row_group_bytes}")
     rows = sorted(records, key=_SORT_KEY)
     if not rows:
         raise ValueError("cannot encode an empty chunk")
-    runs = _stream_runs(rows)
+    runs = _stream_runs(rows, gaps)
     groups = _plan_row_groups(rows, runs, row_group_bytes)
     data = _write_parquet(rows, groups, compression)
     keys = (
@@ -166,7 +173,7 @@ def encode_chunk(
     return data, _build_index(data, pq.read_metadata(pa.BufferReader(data)), keys)
 
 
-def _stream_runs(rows: Sequence[ColdRecord]) -> list[tuple[int, int, int]]:
+def _stream_runs(rows: Sequence[ColdRecord], gaps: bool = False) -> list[tuple[int, int, int]]:
     """Split sorted rows into per-stream runs ``(first_row, end_row, payload_bytes)``.
 
     Validates offsets on the way, since a gap would make the index lie.
@@ -187,7 +194,7 @@ def _stream_runs(rows: Sequence[ColdRecord]) -> list[tuple[int, int, int]]:
                     f"{rec.bucket}/{rec.stream}: incarnations {prev.incarnation} and {rec.incarnation} "
                     "in one object"
                 )
-            if rec.start_offset != prev.end_offset:
+            if rec.start_offset != prev.end_offset and not (gaps and rec.start_offset > prev.end_offset):
                 raise ValueError(
                     f"{rec.bucket}/{rec.stream}: records not contiguous "
                     f"(offset {prev.end_offset} followed by {rec.start_offset})"
@@ -354,7 +361,7 @@ def _group_segments(
     first_row = seg_start = seg_end = 0
     row = -1
     for row, (bucket, stream, incarnation, start, end) in enumerate(keys):
-        if (bucket, stream, incarnation) != cur:
+        if (bucket, stream, incarnation) != cur or start != seg_end:  # a new stream, or a gap compaction left
             if cur is not None:
                 yield cur, ChunkRange(seg_start, seg_end, group, first_row, row - first_row)
             cur, first_row, seg_start = (bucket, stream, incarnation), row, start
@@ -510,6 +517,11 @@ async def _read_segments(
     if entry is None:
         raise KeyError(f"{bucket}/{stream} is not in this chunk")
     ranges = [r for r in entry.ranges if r.start_offset < end and r.end_offset > start]
+    gap = _gap_in(ranges, max(start, entry.start_offset), min(end, entry.end_offset))
+    if gap is not None:
+        # Bytes a keyed compaction removed from this object (a rewrite with ``gaps``): a read never asks
+        # for them (it skips the stream's holes), so one that does is refused rather than served short.
+        raise ColdDataDamaged(object_key, f"{bucket}/{stream}: offset {gap} is not in this object")
     if not ranges or start == end:
         return []
     footer, regions = await _load(fetch, index, [r.row_group for r in ranges], cache, object_key)
@@ -524,6 +536,16 @@ async def _read_segments(
     except (OSError, ValueError, pa.ArrowException) as exc:
         # Whatever fails to decode is damage (or an index that lies): never served, never a 500.
         raise ColdDataDamaged(object_key, f"does not decode: {type(exc).__name__}: {exc}") from None
+
+
+def _gap_in(ranges: Sequence[ChunkRange], start: int, end: int) -> int | None:
+    """The first offset of ``[start, end)`` that ``ranges`` (in offset order) do not hold; None: all held."""
+    pos = start
+    for r in ranges:
+        if r.start_offset > pos:
+            return pos
+        pos = max(pos, r.end_offset)
+    return pos if pos < end else None
 
 
 def _segment_table(pf: pq.ParquetFile, rng: ChunkRange) -> pa.Table:

@@ -59,6 +59,8 @@ REPORT_KEYS = {
     "streams_compacted",  # issue 21: keyed compaction
     "messages_compacted",
     "would_compact",
+    "objects_compacted",  # issue 21: physical keyed compaction (``compaction-reclaim``)
+    "compaction_bytes_reclaimed",
 }
 TOTALS_KEYS = {
     "passes",

@@ -42,7 +42,7 @@ from tiered.core.clock import SystemClock
 from tiered.core.config import Config
 from tiered.engine.codec import RECORDS
 from tiered.engine.engine import new_state, open_store, producer_limits
-from tiered.engine.jobs.rewrite_plan import erasure_report
+from tiered.engine.jobs.rewrite_plan import erasure_report, holes_within
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
@@ -98,12 +98,25 @@ def verify_hot(state: StreamState, log_: SegmentLog) -> VerifyReport:
     return report
 
 
-def _ranges_by_object(state: StreamState) -> dict[str, list[tuple[str, str, int, int, int]]]:
-    """Object key -> (bucket, path, incarnation, start, end) of each stream range it serves."""
-    by_key: dict[str, list[tuple[str, str, int, int, int]]] = {}
+Served = tuple[str, str, int, int, int, tuple[tuple[int, int], ...]]
+
+
+def _ranges_by_object(state: StreamState) -> dict[str, list[Served]]:
+    """Object key -> (bucket, path, incarnation, start, end, holes) of each stream range it serves
+    (``holes``: the stream's, keyed compaction's removed ranges, which an object may lack)."""
+    by_key: dict[str, list[Served]] = {}
     for s in state.streams.values():
         for ref in s.cold_refs:
-            by_key.setdefault(ref.key, []).append((s.bucket, s.path, s.incarnation, ref.start, ref.end))
+            by_key.setdefault(ref.key, []).append(
+                (
+                    s.bucket,
+                    s.path,
+                    s.incarnation,
+                    ref.start,
+                    ref.end,
+                    holes_within(s.holes, ref.start, ref.end),
+                )
+            )
     return by_key
 
 
@@ -160,9 +173,9 @@ async def verify_cold(
         except Exception as exc:  # checksum failure, truncated or foreign file
             report.errors.append(f"{key}: does not decode ({type(exc).__name__}: {exc})")
             continue
-        for bucket, path, incarnation, start, end in by_key.get(key, []):
+        for bucket, path, incarnation, start, end, holes in by_key.get(key, []):
             report.ranges += 1
-            problem = _check_range(rows.get((bucket, path), []), start, end)
+            problem = _check_range(rows.get((bucket, path), []), start, end, holes)
             entry = rebuilt.find(bucket, path)
             if problem is None and entry is not None and entry.incarnation not in (None, incarnation):
                 problem = (
@@ -213,18 +226,25 @@ async def _verify_payload(
     return True
 
 
-def _check_range(rows: list[tuple[int, int, int]], start: int, end: int) -> str | None:
-    """Rows (start, end, payload length) must tile [start, end) exactly."""
+def _check_range(
+    rows: list[tuple[int, int, int]], start: int, end: int, holes: tuple[tuple[int, int], ...] = ()
+) -> str | None:
+    """Rows (start, end, payload length) must tile [start, end) exactly, but for rows a compaction
+    rewrite dropped: a gap wholly inside one of the stream's ``holes`` (merged) is allowed."""
+
+    def removed(a: int, b: int) -> bool:
+        return any(h0 <= a and b <= h1 for h0, h1 in holes)
+
     pos = start
     for r_start, r_end, length in rows:
         if r_end <= start or r_start >= end:
             continue
         if r_end - r_start != length:
             return f"record at {r_start} has {length} payload bytes for {r_end - r_start} offsets"
-        if r_start != pos:
+        if r_start != pos and not (r_start > pos and removed(pos, r_start)):
             return f"gap or overlap at offset {pos} (next record starts at {r_start})"
         pos = r_end
-    if pos != end:
+    if pos != end and not (pos < end and removed(pos, end)):
         return f"rows cover only up to {pos}"
     return None
 

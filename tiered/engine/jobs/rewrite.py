@@ -1,9 +1,14 @@
 """Rewriting one cold object without the rows nobody reads, through a journaled lifecycle.
 
-The machinery erasure uses (``tiered.gc.erasure``) and any later rewrite
-(compaction) can: given an object, keep the rows some stream range still
-reads (``rewrite_plan``), optionally filtered further, and swap the ranges to
-the new object. The steps, each safe to crash after:
+The machinery erasure (``tiered.gc.erasure``) and keyed compaction
+(``tiered.gc.reclaim``) use: given an object, keep the rows some stream range
+still reads (``rewrite_plan``), optionally filtered further, and swap the
+ranges to the new object. Records wholly inside a stream's holes (removed by
+keyed compaction) are not copied, and their digests are released with the
+commit (``ColdRewriteCommitted.dropped``); a range wholly inside holes is
+released rather than copied (``ColdHolesReleased``, in the same journal batch
+as the commit, or alone when no range of the object needs a copy). The steps,
+each safe to crash after:
 
 1. the old object is read whole and checked against the size and CRC32C the
    metadata recorded (then every Parquet page checksum as it decodes): a
@@ -38,17 +43,22 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from tiered.cold.objects.keys import new_object_key
 from tiered.cold.objects.store import ObjectStore
-from tiered.cold.parquet.chunk import ChunkIndex, ColdDataDamaged, ColdRecord, encode_chunk, iter_records
+from tiered.cold.parquet.chunk import ChunkIndex, ColdDataDamaged, ColdRecord, encode_chunk, row_groups
 from tiered.core.clock import Clock
 from tiered.core.ports import Committer
-from tiered.engine.jobs.rewrite_plan import KeptRange, RewriteMismatch, plan_rewrite, select_rows
+from tiered.core.record_digest import MASK, RecordHasher, digest_bytes
+from tiered.engine.jobs.rewrite_plan import KeptRange, RewriteMismatch, in_holes, plan_rewrite, select_rows
 from tiered.engine.streams.records import (
     ColdCopyAborted,
     ColdCopyStarted,
+    ColdHolesReleased,
     ColdRewriteCommitted,
     CopyRange,
+    DroppedRows,
 )
 from tiered.engine.streams.state import StreamState
 from tiered.hot.segment import crc32c
@@ -82,9 +92,19 @@ class ObjectRewriter:
         self.bytes_written = 0
 
     async def rewrite(
-        self, key: str, predicate: Callable[[ColdRecord], bool] | None = None
+        self,
+        key: str,
+        predicate: Callable[[ColdRecord], bool] | None = None,
+        *,
+        only_if_reclaims: bool = False,
     ) -> Rewritten | None:
         """Rewrite ``key`` keeping the rows still read (and passing ``predicate``); None: nothing to do.
+
+        Rows wholly inside their stream's holes (keyed compaction) are not copied
+        and their digests are released with the commit (``DroppedRows``); a range
+        wholly inside holes is released instead of copied (``ColdHolesReleased``;
+        when that is every range, nothing is uploaded). ``only_if_reclaims``: do
+        nothing (None) unless some hole bytes go (a compaction pass asks this).
 
         Raises ``ColdDataDamaged`` (the object is not what was written),
         ``RewriteMismatch`` (its rows do not tile a range it serves) or an
@@ -93,10 +113,22 @@ class ObjectRewriter:
         plan = plan_rewrite(self.state, key)
         if plan is None:
             return None
+        copy = tuple(k for k in plan.keep if not in_holes(k))
+        gone = tuple(CopyRange(k.uid, k.start, k.end) for k in plan.keep if in_holes(k))
         obj = self.state.cold_objects[key]
+        if not copy:  # every range it serves lies in holes: released, nothing to upload
+            await self.committer.commit(
+                [ColdHolesReleased(old_key=key, ts_ms=self.clock.now_ms(), ranges=gone)]
+            )
+            log.info("cold object %s: its %d stream ranges lie in compaction holes, released", key, len(gone))
+            return Rewritten(key, "", obj.size, 0, 0)
         data = await self.store.get(key)
         self.bytes_read += len(data)
-        new_data, index, new_crc = await _in_worker(key, data, (obj.size, obj.crc32c), plan.keep, predicate)
+        new_data, index, new_crc, dropped_sums = await _in_worker(
+            key, data, (obj.size, obj.crc32c), copy, predicate
+        )
+        if only_if_reclaims and not gone and not dropped_sums:
+            return None
         now = self.clock.now_ms()
         new_key = new_object_key(now)
         await self.committer.commit([ColdCopyStarted(key=new_key, ts_ms=now, ranges=())])
@@ -111,34 +143,43 @@ class ObjectRewriter:
             except Exception:
                 log.exception("could not journal the abort of %s", new_key)
             raise
-        ranges = tuple(CopyRange(k.uid, k.start, k.end) for k in plan.keep)
-        await self.committer.commit(
-            [
-                ColdRewriteCommitted(
-                    old_key=key,
-                    new_key=new_key,
-                    ts_ms=self.clock.now_ms(),
-                    size=len(new_data),
-                    crc32c=new_crc,
-                    index=index,
-                    ranges=ranges,
-                )
-            ]
+        ranges = tuple(CopyRange(k.uid, k.start, k.end) for k in copy)
+        dropped = tuple(
+            DroppedRows(copy[i].uid, copy[i].start, digest_bytes(d), n, size)
+            for i, d, n, size in dropped_sums
         )
+        ts = self.clock.now_ms()
+        committed: list[ColdRewriteCommitted | ColdHolesReleased] = [
+            ColdRewriteCommitted(
+                old_key=key,
+                new_key=new_key,
+                ts_ms=ts,
+                size=len(new_data),
+                crc32c=new_crc,
+                index=index,
+                ranges=ranges,
+                dropped=dropped,
+            )
+        ]
+        if gone:
+            committed.append(ColdHolesReleased(old_key=key, ts_ms=ts, ranges=gone))
+        await self.committer.commit(committed)
         self.objects_rewritten += 1
         self.bytes_written += len(new_data)
         log.info(
-            "cold object %s rewritten as %s (%d -> %d bytes, %d stream ranges)",
+            "cold object %s rewritten as %s (%d -> %d bytes, %d stream ranges, %d released in holes)",
             key,
             new_key,
             len(data),
             len(new_data),
             len(ranges),
+            len(gone),
         )
         return Rewritten(key, new_key, len(data), len(new_data), len(ranges))
 
 
-Encoded = tuple[bytes, ChunkIndex, int]
+DroppedSum = tuple[int, int, int, int]  # index of the kept range, digest sum, records, bytes
+Encoded = tuple[bytes, ChunkIndex, int, list[DroppedSum]]
 
 # One worker process does the rewrites' decoding and encoding: in a thread they held the GIL in
 # slices long enough to stall the event loop (appends fell to a fifth while a rewrite ran,
@@ -154,6 +195,17 @@ def _worker_pool() -> ProcessPoolExecutor:
     return _pool
 
 
+async def in_worker(fn: Callable[..., tuple[str, Any]], *args: Any) -> tuple[str, Any]:
+    """``fn(*args)`` in the worker process (keyed compaction's decision runs here too)."""
+    global _pool
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_worker_pool(), fn, *args)
+    except BrokenProcessPool:
+        _pool = None  # the worker died (killed, out of memory): the next call starts a new one
+        raise
+
+
 async def _in_worker(
     key: str,
     data: bytes,
@@ -162,15 +214,7 @@ async def _in_worker(
     predicate: Callable[[ColdRecord], bool] | None,
 ) -> Encoded:
     """``rewrite_bytes`` in the worker process; its refusals raised here as the errors they are."""
-    global _pool
-    loop = asyncio.get_running_loop()
-    try:
-        outcome, value = await loop.run_in_executor(
-            _worker_pool(), rewrite_bytes, key, data, recorded, keep, predicate
-        )
-    except BrokenProcessPool:
-        _pool = None  # the worker died (killed, out of memory): the next rewrite starts a new one
-        raise
+    outcome, value = await in_worker(rewrite_bytes, key, data, recorded, keep, predicate)
     if outcome == "damaged":
         raise ColdDataDamaged(key, value)
     if outcome == "mismatch":
@@ -186,16 +230,25 @@ def rewrite_bytes(
     keep: tuple[KeptRange, ...],
     predicate: Callable[[ColdRecord], bool] | None,
 ) -> tuple[str, Any]:
-    """The old object's bytes to the new object's (worker process): ("ok", (bytes, index, crc32c)), or
-    ("damaged" | "mismatch", why): refusals cross the process boundary as values."""
+    """The old object's bytes to the new object's (worker process): ("ok", (bytes, index, crc32c,
+    dropped)), or ("damaged" | "mismatch", why): refusals cross the process boundary as values.
+    ``dropped``: per kept range that lost rows in its holes, (its index in ``keep``, their digest sum,
+    count, bytes)."""
+    dropped: dict[KeptRange, list[ColdRecord]] = {}
     try:
-        rows = _rows_to_keep(key, data, recorded, keep, predicate)
+        rows = _rows_to_keep(key, data, recorded, keep, predicate, dropped)
     except ColdDataDamaged as exc:
         return "damaged", exc.detail
     except RewriteMismatch as exc:
         return "mismatch", str(exc)
-    new_data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES)
-    return "ok", (new_data, index, crc32c(new_data))
+    gaps = any(k.holes for k in keep)
+    new_data, index = encode_chunk(rows, row_group_bytes=ROW_GROUP_BYTES, gaps=gaps)
+    sums = [
+        (i, sum(r.digest or 0 for r in recs) & MASK, len(recs), sum(len(r.payload) for r in recs))
+        for i, k in enumerate(keep)
+        if (recs := dropped.get(k))
+    ]
+    return "ok", (new_data, index, crc32c(new_data), sums)
 
 
 def _rows_to_keep(
@@ -204,17 +257,39 @@ def _rows_to_keep(
     recorded: tuple[int, int],
     keep: tuple[KeptRange, ...],
     predicate: Callable[[ColdRecord], bool] | None,
+    dropped: dict[KeptRange, list[ColdRecord]],
 ) -> list[ColdRecord]:
     """Check the whole object's size and CRC32C, decode (page checksums checked) and select. Any
-    mismatch or decode failure is damage: never rewritten."""
+    mismatch or decode failure is damage: never rewritten. Each row carries its digest contribution
+    (the footer's, else hashed), so the new footer keeps it and a dropped row's can be released."""
     size, crc = recorded
     if len(data) != size or crc32c(data) != crc:
         raise ColdDataDamaged(key, f"{len(data)} bytes that do not match the recorded size and CRC32C")
     try:
-        records = list(iter_records(data))
+        records = _with_digests(data)
     except Exception as exc:
         raise ColdDataDamaged(key, f"does not decode ({type(exc).__name__}: {exc})") from None
-    rows = select_rows(records, keep, predicate)
+    rows = select_rows(records, keep, predicate, dropped)
     if not rows:
         raise RewriteMismatch(f"{key}: no row left to keep")
     return rows
+
+
+def _with_digests(data: bytes) -> list[ColdRecord]:
+    """Every row of the object, in stored order, with its digest contribution set."""
+    digests, groups = row_groups(data)
+    hashers: dict[tuple[str, str, int], RecordHasher] = {}
+    out: list[ColdRecord] = []
+    for g, rows in groups:
+        recorded = digests[g] if digests is not None else None
+        for i, r in enumerate(rows):
+            if recorded is not None:
+                h = recorded[i]
+            else:
+                ident = (r.bucket, r.stream, r.incarnation)
+                hasher = hashers.get(ident)
+                if hasher is None:
+                    hasher = hashers[ident] = RecordHasher(*ident)
+                h = hasher(r.start_offset, r.payload)
+            out.append(msgspec.structs.replace(r, digest=h))
+    return out

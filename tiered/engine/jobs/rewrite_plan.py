@@ -39,7 +39,11 @@ INHERITED = "inherited by forks"
 
 
 class KeptRange(NamedTuple):
-    """A stream range the rewritten object must hold: ``[start, end)`` of ``bucket/path``'s incarnation."""
+    """A stream range the rewritten object must hold: ``[start, end)`` of ``bucket/path``'s incarnation.
+
+    ``holes``: the stream's holes inside it (keyed compaction, ``keyed``): bytes no read is served.
+    A record wholly inside them is not copied (``select_rows``), and the old object may lack them.
+    """
 
     uid: int
     bucket: str
@@ -47,6 +51,7 @@ class KeptRange(NamedTuple):
     incarnation: int
     start: int
     end: int
+    holes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,21 +72,49 @@ def plan_rewrite(state: StreamState, key: str) -> RewritePlan | None:
     if obj.payload is not None:  # a large body's raw bytes, not Parquet: released whole, never rewritten
         return None
     keep = tuple(
-        KeptRange(uid, bucket, path, incarnation, ref.start, ref.end)
+        KeptRange(
+            uid,
+            bucket,
+            path,
+            incarnation,
+            ref.start,
+            ref.end,
+            holes_within(state.streams[uid].holes, ref.start, ref.end),
+        )
         for uid, bucket, path, incarnation, ref in refs_to(state, key)
     )
     return RewritePlan(key, keep) if keep else None
+
+
+def holes_within(holes: Iterable[tuple[int, int]], start: int, end: int) -> tuple[tuple[int, int], ...]:
+    """``holes`` (sorted, merged) clipped to ``[start, end)``."""
+    return tuple((max(a, start), min(b, end)) for a, b in holes if a < end and b > start)
+
+
+def in_holes(k: KeptRange) -> bool:
+    """Whether all of ``k`` lies in its stream's holes: no read is served from it (it is released)."""
+    return k.end > k.start and _in_hole(k.holes, k.start, k.end)
+
+
+def _in_hole(holes: tuple[tuple[int, int], ...], start: int, end: int) -> bool:
+    """Whether ``[start, end)`` (not empty) lies wholly inside one hole (holes are merged)."""
+    return any(a <= start and end <= b for a, b in holes)
 
 
 def select_rows(
     records: Iterable[ColdRecord],
     keep: Iterable[KeptRange],
     predicate: Callable[[ColdRecord], bool] | None = None,
+    dropped: dict[KeptRange, list[ColdRecord]] | None = None,
 ) -> list[ColdRecord]:
     """The rows inside the kept ranges (and passing ``predicate``), each range tiled exactly.
 
+    A record wholly inside a range's holes (keyed compaction) is not kept: it is
+    added to ``dropped`` (by range) so its digest can be released. Missing rows
+    are allowed only inside holes (an object a compaction rewrote already).
     Raises ``RewriteMismatch`` when a kept range is not covered record by record
-    (a gap, an overlap, rows short of its end): the old object stays as it is.
+    (a gap outside the holes, an overlap, rows short of its end): the old object
+    stays as it is.
     """
     wanted: dict[tuple[str, str], list[KeptRange]] = {}
     for k in keep:
@@ -91,17 +124,23 @@ def select_rows(
     for rec in records:
         for k in wanted.get((rec.bucket, rec.stream), ()):
             if rec.start_offset >= k.start and rec.end_offset <= k.end and rec.end_offset > rec.start_offset:
-                if rec.start_offset != reached[k]:
+                pos = reached[k]
+                if rec.start_offset != pos and not (
+                    rec.start_offset > pos and _in_hole(k.holes, pos, rec.start_offset)
+                ):
                     raise RewriteMismatch(
-                        f"{rec.bucket}/{rec.stream}: gap or overlap at offset {reached[k]} "
+                        f"{rec.bucket}/{rec.stream}: gap or overlap at offset {pos} "
                         f"(next record starts at {rec.start_offset})"
                     )
                 reached[k] = rec.end_offset
-                if predicate is None or predicate(rec):
+                if k.holes and _in_hole(k.holes, rec.start_offset, rec.end_offset):
+                    if dropped is not None:
+                        dropped.setdefault(k, []).append(rec)
+                elif predicate is None or predicate(rec):
                     out.append(rec)
                 break
     for k, pos in reached.items():
-        if pos != k.end:
+        if pos != k.end and not (pos < k.end and _in_hole(k.holes, pos, k.end)):
             raise RewriteMismatch(f"{k.bucket}/{k.path} [{k.start}, {k.end}): rows cover only up to {pos}")
     return out
 
@@ -228,3 +267,47 @@ def erasure_report(state: StreamState, now_ms: int, deadline_ms: int, grace_ms: 
             overdue = status != INHERITED and now_ms > entry.deadline_ms
             entry.objects.append(HeldObject(key, n, status, dict(owners.get(key, {})), until, overdue))
     return ErasureReport(now_ms, deadline_ms, list(out.values()))
+
+
+# ------------------------------------------------------------------ keyed compaction
+
+
+def reclaim_candidates(
+    state: StreamState, limit: int, skip: Callable[[str, int], bool]
+) -> list[tuple[str, int]]:
+    """Objects holding bytes of a stream's holes (keyed compaction), with how many: most first.
+
+    The bytes counted are those the object's index says it holds inside a range
+    a stream reads from it and inside that stream's holes. Not candidates: large
+    bodies' objects, objects going away or being written, objects a fork source
+    reads (a fork created before holes were inherited may read its source's
+    holes), and those ``skip`` names with that count (a rewrite found nothing to drop there).
+    """
+    held: dict[str, int] = {}
+    for s in state.streams.values():
+        if not s.holes or s.uid in state.children:
+            continue
+        for ref in s.cold_refs:
+            obj = state.cold_objects.get(ref.key)
+            if obj is None or obj.payload is not None or obj.deleting or ref.key in state.copies_in_flight:
+                continue
+            holes = holes_within(s.holes, ref.start, ref.end)
+            if not holes:
+                continue
+            entry = obj.index.find(s.bucket, s.path)
+            stored = 0 if entry is None else _overlap(entry.ranges, holes)
+            if stored or in_holes(
+                KeptRange(s.uid, s.bucket, s.path, s.incarnation, ref.start, ref.end, holes)
+            ):
+                held[ref.key] = held.get(ref.key, 0) + stored
+    due = sorted(((-n, key) for key, n in held.items() if not skip(key, n)))
+    return [(key, -n) for n, key in due[:limit]]
+
+
+def _overlap(ranges: Iterable[Any], holes: tuple[tuple[int, int], ...]) -> int:
+    """Bytes of the index ``ranges`` (``ChunkRange``) inside ``holes``."""
+    total = 0
+    for r in ranges:
+        for a, b in holes:
+            total += max(0, min(r.end_offset, b) - max(r.start_offset, a))
+    return total

@@ -214,6 +214,20 @@ def note_release(s: Stream, before: Iterable[ColdRef], kept: Sequence[ColdRef]) 
                 integ._release(*entry)
 
 
+def note_dropped(s: Stream, ref_start: int, digest: int, records: int, size: int) -> None:
+    """A compaction rewrite moved the cold reference at ``ref_start`` to an object without some of its
+    records (all in the stream's holes): those are released, and the reference's sum keeps the rest."""
+    integ = s.integrity
+    if integ is None:
+        return
+    entry = integ.cold.get(ref_start)
+    if entry is None:
+        return
+    d, n, b = entry
+    integ.cold[ref_start] = ((d - digest) & MASK, n - records, b - size)
+    integ._release(digest & MASK, records, size)
+
+
 def note_hot_release(s: Stream) -> None:
     """``release`` moved ``keep_start`` (or ``keep_end``): records not yet cold outside them are released.
 

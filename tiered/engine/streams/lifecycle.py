@@ -270,6 +270,8 @@ def apply_created(state: StreamState, record: StreamCreated, location: Location 
         state.children.setdefault(s.fork_source, set()).add(s.uid)
         # What the source no longer retains, its fork never had.
         s.retained_from = min(source.retained_from, s.fork_offset)
+        # Nor what keyed compaction removed below the fork point (its bytes may be gone from storage).
+        s.holes = tuple((a, min(b, s.fork_offset)) for a, b in source.holes if a < s.fork_offset)
 
 
 # ------------------------------------------------------------------ touch, delete, expire, erase

@@ -97,9 +97,12 @@ class StreamReader:
             cold_bytes = sum(len(parts[i] or b"") for i, _ in cold)
             hot_bytes = sum(len(p or b"") for p in parts) - cold_bytes
             self.on_egress(s.bucket, hot_bytes, cold_bytes)
-        if len(parts) == 1:
-            return parts[0] or b""
-        return b"".join(p or b"" for p in parts)
+        data = (parts[0] or b"") if len(parts) == 1 else b"".join(p or b"" for p in parts)
+        if s.holes and len(data) != end - start:
+            # Keyed compaction released the references of removed records: a read asking for them
+            # (the holes' bytes are never served) is refused, never answered short.
+            raise damaged(f"bytes [{start}, {end}) of this stream were removed by keyed compaction")
+        return data
 
     async def _read_cold(self, sl: ColdSlice) -> bytes:
         obj = self.state.cold_objects.get(sl.key)

@@ -97,6 +97,20 @@ class CopyRange(msgspec.Struct, array_like=True, frozen=True):
     end: int
 
 
+class DroppedRows(msgspec.Struct, array_like=True, frozen=True):
+    """Records of stream ``uid``'s range starting at ``start`` that a compaction rewrite did not copy.
+
+    Every one lies in the stream's holes (``keyed``); ``digest`` (32 bytes, big-endian) is the sum of
+    their integrity contributions, ``records`` and ``size`` their count and bytes: they are released.
+    """
+
+    uid: int
+    start: int
+    digest: bytes
+    records: int
+    size: int
+
+
 class ColdCopyStarted(_Record, frozen=True, tag="cold.copy-start.v1"):
     """Intent, journaled before the upload: a crash leaves a known orphan key."""
 
@@ -208,6 +222,10 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     that still reads from ``old_key`` (exactly that range) to ``new_key``; a range
     released meanwhile stays released. The old object loses those owners and, once
     it has none, goes through the GC's grace delay and journaled delete.
+
+    ``dropped`` (absent before physical compaction): per moved range, the records in
+    the stream's holes that the new object no longer holds; they are released with
+    the move (the live digest follows storage), and only if the range moved.
     """
 
     old_key: str
@@ -217,6 +235,7 @@ class ColdRewriteCommitted(_Record, frozen=True, tag="cold.rewrite.v1"):
     crc32c: int
     index: ChunkIndex
     ranges: tuple[CopyRange, ...]
+    dropped: tuple[DroppedRows, ...] = ()
 
 
 class StreamKeyed(_Record, frozen=True, tag="stream.keyed.v1"):
@@ -263,6 +282,21 @@ class PayloadAppended(Appended, frozen=True, tag="append.payload.v1"):
         return self.digest.size
 
 
+class ColdHolesReleased(_Record, frozen=True, tag="cold.holes-release.v1"):
+    """Stream ranges that lie wholly in their stream's holes (keyed compaction) stop reading ``old_key``.
+
+    Journaled by a compaction rewrite (``tiered.engine.jobs.rewrite``) with (or,
+    when nothing else of the object is read, instead of) its ``ColdRewriteCommitted``:
+    no read is ever served from such a range, so it needs no copy. Applying it drops
+    each listed reference still reading ``old_key`` exactly (and still in holes): its
+    records are released and the object loses the owner, as a retention release does.
+    """
+
+    old_key: str
+    ts_ms: int
+    ranges: tuple[CopyRange, ...]
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -286,4 +320,5 @@ StreamRecord = (
     | PayloadAppended
     | StreamCompacted
     | StreamKeyed
+    | ColdHolesReleased
 )

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tiered.engine.streams import integrity
 from tiered.engine.streams.model import ColdObject, ColdRef
-from tiered.engine.streams.records import ColdRewriteCommitted
+from tiered.engine.streams.records import ColdHolesReleased, ColdRewriteCommitted
 from tiered.engine.streams.release import unref
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 def apply_rewrite_committed(state: StreamState, record: ColdRewriteCommitted) -> None:
     state.copies_in_flight.pop(record.new_key, None)
+    dropped = {(d.uid, d.start): d for d in record.dropped}
     new = state.cold_objects.get(record.new_key)
     if new is None:
         new = ColdObject(record.new_key, record.size, record.crc32c, record.ts_ms, record.index)
@@ -37,11 +39,34 @@ def apply_rewrite_committed(state: StreamState, record: ColdRewriteCommitted) ->
         for i, ref in enumerate(s.cold_refs):
             if ref.key == record.old_key and ref.start == r.start and ref.end == r.end:
                 s.cold_refs[i] = ColdRef(ref.start, ref.end, record.new_key)
+                gone = dropped.get((r.uid, r.start))
+                if gone is not None:  # a compaction rewrite: the records in holes it left behind are released
+                    integrity.note_dropped(
+                        s, ref.start, int.from_bytes(gone.digest, "big"), gone.records, gone.size
+                    )
                 new.refs += 1
                 unref(state, record.old_key, record.ts_ms)
                 break
     if new.refs == 0 and new.released_ms is None:
         new.released_ms = record.ts_ms  # every range it copied was released meanwhile: garbage
+
+
+def apply_holes_released(state: StreamState, record: ColdHolesReleased) -> None:
+    """Drop each listed reference that still reads ``old_key`` exactly and lies wholly in its holes."""
+    for r in record.ranges:
+        s = state.streams.get(r.uid)
+        if s is None or not any(a <= r.start and r.end <= b for a, b in s.holes):
+            continue
+        kept = [
+            ref
+            for ref in s.cold_refs
+            if not (ref.key == record.old_key and ref.start == r.start and ref.end == r.end)
+        ]
+        if len(kept) == len(s.cold_refs):
+            continue  # released or moved meanwhile
+        integrity.note_release(s, s.cold_refs, kept)
+        s.cold_refs = kept
+        unref(state, record.old_key, record.ts_ms)
 
 
 def owners_by_bucket(state: StreamState) -> dict[str, dict[str, int]]:

@@ -181,6 +181,14 @@ class SnapshotService:
         """
         if not s.json or offset in (s.retained_from, s.fork_offset, self.streams.view(s).tail) or offset == 0:
             return
+        for a, b in s.holes:  # the byte before it was removed by keyed compaction (its record may be gone)
+            if a < offset <= b:
+                if offset == b:
+                    return  # a hole ends where a message ends
+                raise TieredError(
+                    ErrorCode.SNAPSHOT_NOT_AT_BOUNDARY,
+                    "the snapshot offset is inside messages compaction removed",
+                )
         if await self.streams.read(s, offset - 1, offset) != b"\n":
             raise TieredError(
                 ErrorCode.SNAPSHOT_NOT_AT_BOUNDARY, "the snapshot offset is inside a JSON message"

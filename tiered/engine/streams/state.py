@@ -55,6 +55,7 @@ from tiered.engine.streams.records import (
     ColdCopyStarted,
     ColdDeleteFinished,
     ColdDeleteStarted,
+    ColdHolesReleased,
     ColdRewriteCommitted,
     HotTrimmed,
     PayloadAppended,
@@ -250,4 +251,5 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     PayloadAppended: payloads.apply_payload_appended,  # large bodies stored by reference
     StreamCompacted: lambda st, r, _: keyed.apply_compacted(st, r),  # keyed compaction (issue 21)
     StreamKeyed: lambda st, r, _: keyed.apply_keyed(st, r),
+    ColdHolesReleased: lambda st, r, _: rewrites.apply_holes_released(st, r),  # physical compaction
 }
