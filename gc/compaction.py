@@ -27,10 +27,12 @@ import logging
 from tiered.cold.objects.store import ObjectStoreError
 from tiered.cold.parquet.chunk import ColdDataDamaged
 from tiered.core.errors import TieredError
+from tiered.engine.streams.header_keys import HEADER_MODE
 from tiered.engine.streams.keyed import live_pieces, message_key, parse_pointer, plan_removals, split_messages
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import StreamCompacted
 from tiered.gc.context import GcContext, GcPass
+from tiered.gc.key_index import KeyIndexer
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,11 @@ class CompactKeyedStreams:
         # Soft: per stream, what its last scan saw and when a tombstone it kept falls due; a stream
         # whose cold range has not changed is not read again before then.
         self.scanned: dict[int, tuple[tuple[int, int, int], int | None]] = {}
+        self.by_header = KeyIndexer()  # streams keyed by header (issue 21): their own module
 
     async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
         report = gc_pass.report
+        await self.by_header.run(ctx, gc_pass)
         if ctx.reader is None:
             return
         for s in self._due(ctx, gc_pass.now):
@@ -88,6 +92,7 @@ class CompactKeyedStreams:
                 s
                 for s in state.streams.values()
                 if s.compaction_key is not None
+                and s.compaction_key != HEADER_MODE  # keyed by header: ``KeyIndexer``
                 and s.fork_source is None
                 and s.uid not in sources
                 and s.cold_end > s.retained_from

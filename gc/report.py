@@ -30,6 +30,7 @@ class GcReport:
     streams_compacted: int = 0
     messages_compacted: int = 0
     would_compact: list[dict[str, Any]] = field(default_factory=list)
+    key_indexes_written: int = 0  # issue 21: key indexes of streams keyed by header (``key_index``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from tiered.api.kit.types import Response
+from tiered.core.content import json_messages_to_array
 from tiered.core.errors import bad_request
 from tiered.core.ids import format_offset
 from tiered.engine.streams.keyed import low_water_mark, newest_for_key, parse_key_query, read_live_chunk
 from tiered.engine.streams.model import Stream
+from tiered.engine.streams.service import StreamService
 
 
 def keyed_headers(s: Stream, tail: int, headers: dict[str, str]) -> None:
@@ -24,6 +26,23 @@ def keyed_headers(s: Stream, tail: int, headers: dict[str, str]) -> None:
     headers["Stream-High-Water-Mark"] = format_offset(tail)
     if s.compaction_key is not None:
         headers["Stream-Compaction-Key"] = s.compaction_key
+
+
+async def header_key_response(service: StreamService, s: Stream, tail: int, raw: str) -> Response:
+    """``GET {stream}?key=K`` of a stream keyed by header: ``K`` as sent in ``Stream-Key`` (raw text, as
+    the ``durable-streams-keyed`` fork reads it); the newest append of ``K`` as a read of its range would
+    serve it (a JSON stream's messages as an array), its offset in ``Stream-Key-Offset``, the key in
+    ``Stream-Key``; 404 ``KEY_NOT_FOUND`` when it has none or was deleted (then ``Stream-Key-Offset``
+    names the tombstone)."""
+    entry, data = await service.read_key(s, raw)
+    headers = {
+        "Content-Type": s.content_type,
+        "Stream-Key": entry.key,
+        "Stream-Key-Offset": format_offset(entry.start),
+        "Stream-Next-Offset": format_offset(tail),
+        "Cache-Control": "no-store",
+    }
+    return Response(200, headers, json_messages_to_array(data) if s.json else data)
 
 
 async def key_response(
@@ -44,4 +63,4 @@ async def key_response(
     return Response(200, headers, message.rstrip(b"\n"))
 
 
-__all__ = ["key_response", "keyed_headers", "read_live_chunk"]
+__all__ = ["header_key_response", "key_response", "keyed_headers", "read_live_chunk"]
