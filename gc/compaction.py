@@ -47,7 +47,7 @@ class CompactKeyedStreams:
         # Soft: per stream, what its last scan saw and when a tombstone it kept falls due; a stream
         # whose cold range has not changed is not read again before then.
         self.scanned: dict[int, tuple[tuple[int, int, int], int | None]] = {}
-        self.by_header = KeyIndexer()  # streams keyed by header (issue 21): their own module
+        self.by_header = KeyIndexer()  # key indexes, and streams keyed by header (issue 21): their own module
 
     async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
         report = gc_pass.report
@@ -68,6 +68,9 @@ class CompactKeyedStreams:
                 continue
             if not removed:
                 if not gc_pass.dry_run:
+                    await self.by_header.index_pointer_stream(
+                        ctx, gc_pass, s, tokens, messages, gone
+                    )  # ?key=
                     self.scanned[s.uid] = (_seen(s), due)
                 continue
             report.messages_compacted += sum(gone)
@@ -80,6 +83,9 @@ class CompactKeyedStreams:
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
             report.streams_compacted += 1
+            await self.by_header.index_pointer_stream(
+                ctx, gc_pass, s, tokens, messages, gone
+            )  # issue 21: ?key=
             self.scanned[s.uid] = (_seen(s), due)  # after the commit: a failed one is tried again
 
     def _due(self, ctx: GcContext, now_ms: int) -> list[Stream]:

@@ -33,13 +33,15 @@ from tiered.cold.objects.store import ObjectStoreError
 from tiered.cold.parquet.chunk import ColdDataDamaged
 from tiered.core.errors import TieredError
 from tiered.engine.streams import header_keys, key_index_file
-from tiered.engine.streams.model import KeyedAppend, Stream
+from tiered.engine.streams.keyed import message_key
+from tiered.engine.streams.model import KeyedAppend, KeyIndexRef, Stream
 from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted, KeyIndexCommitted, StreamCompacted
 from tiered.gc.context import GcContext, GcPass
 
 log = logging.getLogger(__name__)
 
 Step = Callable[[str], Awaitable[None]]
+Message = tuple[int, int, bytes, int]  # (start, end, bytes, stored_ms) of a pointer stream's cold message
 
 
 async def _no_step(_: str) -> None:
@@ -113,7 +115,60 @@ class KeyIndexer:
                 {"bucket": s.bucket, "path": s.path, "removed": plan.removed, "keys": len(plan.entries)}
             )
             return
-        body, footer_length = key_index_file.encode(plan.entries)
+        holes = tuple(plan.removed)
+        if not await self._write(ctx, s, before, plan.entries, plan.covers_to, plan.folded, holes):
+            return
+        self.due_ms[s.uid] = plan.tombstone_due_ms
+        report.key_indexes_written += 1
+        if plan.removed:
+            report.streams_compacted += 1
+            report.messages_compacted += removed
+
+    async def index_pointer_stream(
+        self,
+        ctx: GcContext,
+        gc_pass: GcPass,
+        s: Stream,
+        tokens: tuple[str, ...],
+        messages: list[Message],
+        gone: list[bool],
+    ) -> None:
+        """A stream keyed by a JSON pointer, right after its compaction pass scanned (and maybe compacted)
+        its cold range: the newest message of each key there, as its key index (``?key=`` reads it and
+        scans only what follows ``covers_to``). Written after the pass's ``StreamCompacted``, so an index
+        missing or behind (a crash, a failed upload) only makes a keyed read scan more, never answer wrong.
+        """
+        before = s.key_index
+        if gc_pass.dry_run or not messages:
+            return
+        covers_to = messages[-1][1]
+        if before is not None and before.covers_to >= covers_to and not any(gone):
+            return  # the index already covers what the pass saw, and nothing was removed
+        newest: dict[str, KeyedAppend] = {}
+        try:
+            for (start, end, message, stored_ms), removed in zip(messages, gone, strict=True):
+                if not removed:
+                    key, tombstone = message_key(tokens, message)
+                    newest[key] = KeyedAppend(start, end, key, tombstone, stored_ms)
+            entries = [newest[k] for k in sorted(newest)]
+            if await self._write(ctx, s, before, entries, covers_to, 0, ()):
+                gc_pass.report.key_indexes_written += 1
+        except (ObjectStoreError, TieredError) as exc:
+            log.warning("key index of %s/%s not written this pass: %s", s.bucket, s.path, exc)
+            gc_pass.report.errors.append(f"key index of {s.bucket}/{s.path} not written: {exc}")
+
+    async def _write(
+        self,
+        ctx: GcContext,
+        s: Stream,
+        before: KeyIndexRef | None,
+        entries: list[KeyedAppend],
+        covers_to: int,
+        folded: int,
+        holes: tuple[tuple[int, int], ...],
+    ) -> bool:
+        """Intent, upload, then (holes first) the index's commit; False when the stream changed meanwhile."""
+        body, footer_length = key_index_file.encode(entries)
         key = new_key_index_key(ctx.clock.now_ms())
         await ctx.committer.commit([ColdCopyStarted(key=key, ts_ms=ctx.clock.now_ms(), ranges=())])
         await self.steps("intent")
@@ -125,11 +180,11 @@ class KeyIndexer:
         await self.steps("upload")
         if ctx.state.streams.get(s.uid) is not s or s.key_index is not before:
             await _abort(ctx, key, "the stream changed while its key index was written")
-            return
+            return False
         ts = ctx.clock.now_ms()
         records: list[StreamCompacted | KeyIndexCommitted] = []
-        if plan.removed:  # the holes first: see ``KeyIndexCommitted``
-            records.append(StreamCompacted(uid=s.uid, ts_ms=ts, removed=tuple(plan.removed)))
+        if holes:  # the holes first: see ``KeyIndexCommitted``
+            records.append(StreamCompacted(uid=s.uid, ts_ms=ts, removed=holes))
         records.append(
             KeyIndexCommitted(
                 uid=s.uid,
@@ -137,19 +192,15 @@ class KeyIndexer:
                 size=len(body),
                 crc32c=google_crc32c.value(body),
                 footer_length=footer_length,
-                covers_to=plan.covers_to,
-                keys=len(plan.entries),
-                folded=plan.folded,
+                covers_to=covers_to,
+                keys=len(entries),
+                folded=folded,
                 ts_ms=ts,
             )
         )
         await ctx.committer.commit(records)
         await self.steps("commit")
-        self.due_ms[s.uid] = plan.tombstone_due_ms
-        report.key_indexes_written += 1
-        if plan.removed:
-            report.streams_compacted += 1
-            report.messages_compacted += removed
+        return True
 
 
 async def _abort(ctx: GcContext, key: str, reason: str) -> None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
 from tiered.api.kit.types import Handler, LiveLease, Request, Response
-from tiered.api.routes.keyed import header_key_response, key_response, keyed_headers, read_live_chunk
+from tiered.api.routes.keyed import key_response, keyed_headers, read_live_chunk
 from tiered.api.routes.snapshots import SnapshotRoutes, snapshot_headers, wants_snapshot_read
 from tiered.api.routes.sse import control_event, credential_event, data_event, utf8_boundary
 from tiered.core.clock import Clock
@@ -32,7 +32,7 @@ from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
 from tiered.engine.streams import integrity
 from tiered.engine.streams.conditions import parse_expected_offset, parse_record_match
-from tiered.engine.streams.header_keys import is_header_keyed, parse_key_headers
+from tiered.engine.streams.header_keys import parse_key_headers
 from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
@@ -262,9 +262,7 @@ class StreamRoutes:
         if key_raw is not None:  # the newest message of a key (``keyed``)
             if offset_raw is not None or record_raw is not None or live is not None:
                 raise bad_request("a key read takes no offset, record or live mode")
-            if is_header_keyed(s):  # keyed by header: ``Stream-Key`` (issue 21, ``header_keys``)
-                return await header_key_response(service, s, v.tail, key_raw)
-            return await key_response(lambda a, b: service.read(s, a, b), s, v.tail, key_raw)
+            return await key_response(service, s, v.tail, key_raw)
         if record_raw is not None:  # from the N-th message (``tiered.engine.streams.ordinals``)
             offset = service.record_offset(s, parse_uint(record_raw, "query parameter record"), v.tail)
         elif offset_raw is None or offset_raw == "-1":

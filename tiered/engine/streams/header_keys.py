@@ -26,6 +26,8 @@ the index (tombstones until their delay passed), and every older one is a hole.
 
 from __future__ import annotations
 
+import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING
 from tiered.cold.parquet.chunk_index import ChunkIndex
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
-from tiered.engine.streams.keyed import merge, skip_hole
+from tiered.engine.streams.keyed import merge
 from tiered.engine.streams.model import AppendRequest, ColdObject, KeyedAppend, KeyIndexRef, Stream
 from tiered.engine.streams.records import Appended, AppendKeyed, KeyIndexCommitted
 from tiered.engine.streams.release import unref
@@ -46,6 +48,7 @@ HEADER_MODE = "header"
 #: The longest ``Stream-Key``, in bytes (printable ASCII; kept per append until compacted, then in the index).
 MAX_KEY_BYTES = 256
 KEY_HEADER = "Stream-Key"
+_MAX = sys.maxsize
 TOMBSTONE_HEADER = "Stream-Key-Tombstone"
 
 
@@ -166,7 +169,7 @@ def apply_index_committed(state: StreamState, record: KeyIndexCommitted) -> None
         owner = s.bucket if s is not None else None
         obj = ColdObject(record.key, record.size, record.crc32c, record.ts_ms, index, owner_bucket=owner)
         state.cold_objects[record.key] = obj
-    if s is None or s.soft_deleted or not is_header_keyed(s):
+    if s is None or s.soft_deleted or s.compaction_key is None:
         if obj.refs == 0 and obj.released_ms is None:
             obj.released_ms = record.ts_ms
         return
@@ -203,11 +206,18 @@ def index_bytes(s: Stream) -> int:
 # ------------------------------------------------------------------ reads
 
 
+def in_hole(holes: Sequence[tuple[int, int]], offset: int) -> bool:
+    """Whether ``offset`` is in one of ``holes`` (sorted, merged): a binary search, as a compacted stream
+    has about one hole per superseded append."""
+    i = bisect_right(holes, (offset, _MAX)) - 1
+    return i >= 0 and holes[i][0] <= offset < holes[i][1]
+
+
 def readable(s: Stream, entry: KeyedAppend) -> bool:
     """Whether a read still reaches ``entry``: not below the retained offset, not in a hole."""
     if entry.start < s.retained_from:
         return False
-    return entry.start == entry.end or skip_hole(s.holes, entry.start) == entry.start
+    return entry.start == entry.end or not in_hole(s.holes, entry.start)
 
 
 def newest_pending(s: Stream, key: str) -> KeyedAppend | None:

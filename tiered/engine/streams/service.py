@@ -447,6 +447,12 @@ class StreamService:
             lambda a, b: self.read(s, a, b), self.reader, self.key_footers, s, key
         )
 
+    async def read_pointer_key(self, s: Stream, tail: int, key: str) -> tuple[int, bytes]:
+        """``?key=K`` of a stream keyed by a JSON pointer (``key``: canonical, ``keyed.parse_key_query``)."""
+        return await key_reads.newest_by_pointer(
+            lambda a, b: self.read(s, a, b), self.reader, self.key_footers, s, tail, key
+        )
+
     def lookup(self, bucket: str, path: str) -> Stream:
         return self.state.lookup(bucket, path, self.clock.now_ms())
 
