@@ -6,7 +6,7 @@ does not cover yet, never a superseded or deleted one.
   the index's entry (one or two ranged GETs of the index object, ``key_index_file``).
 * Keyed by a JSON pointer (``keyed``): the newest message of ``K`` in the live messages
   from the index's ``covers_to`` on (a scan of what was not compacted yet), else the
-  index's entry; with no index yet, a scan from the low-water mark (``keyed.newest_for_key``).
+  index's entry; with no index yet, a scan from the low-water mark.
 
 The answer is checked again after every ``await``: should the compactor have committed
 a new index, a newer append have arrived or the chosen message have become a hole
@@ -112,15 +112,17 @@ async def newest_by_pointer(
     tokens = keyed.parse_pointer(s.compaction_key)
     for _ in range(ATTEMPTS):
         index = s.key_index
-        if index is None:
-            return await keyed.newest_for_key(read, s, tail, key)
-        start = max(index.covers_to, keyed.low_water_mark(s, tail))
-        found = await _scan_suffix(read, s, tokens, start, tail, key)
+        start = keyed.low_water_mark(s, tail)
+        found = await _scan_suffix(
+            read, s, tokens, start if index is None else max(index.covers_to, start), tail, key
+        )
         if found is not None:
             offset, message, tombstone = found
             if tombstone:
                 raise header_keys.not_found(KeyedAppend(offset, offset, key, True, 0))
             return offset, message
+        if index is None:
+            raise header_keys.not_found(None)  # the scan from the low-water mark found nothing
         entry = await _from_index(reader, cache, s, key)
         if s.key_index is not index:
             continue  # the compactor committed a new index meanwhile
