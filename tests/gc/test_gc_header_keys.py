@@ -747,3 +747,23 @@ def test_pointer_streams_index_is_written_and_used(tmp_path: Path) -> None:
             await h.stop()
 
     asyncio.run(main())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    starts=st.lists(st.integers(0, 500), unique=True, max_size=120),
+    ranges=st.lists(st.tuples(st.integers(0, 520), st.integers(0, 40)), max_size=40),
+)
+def test_record_index_removes_many_ranges_as_one_at_a_time(starts: list[int], ranges: list[Any]) -> None:
+    """``RecordIndex.remove_ranges`` (one pass, for a compaction pass's many holes) equals ``remove_range``
+    applied to each range in turn."""
+    from tiered.engine.streams.keyed import merge
+    from tiered.engine.streams.ordinals import RecordIndex
+
+    holes = merge((a, a + n) for a, n in ranges)
+    one, many = RecordIndex(), RecordIndex()
+    one.add(sorted(starts))
+    many.add(sorted(starts))
+    removed_one = sum(one.remove_range(a, b) for a, b in holes)
+    assert many.remove_ranges(holes) == removed_one
+    assert (list(many.ords), list(many.offs)) == (list(one.ords), list(one.offs))
