@@ -767,3 +767,60 @@ def test_record_index_removes_many_ranges_as_one_at_a_time(starts: list[int], ra
     removed_one = sum(one.remove_range(a, b) for a, b in holes)
     assert many.remove_ranges(holes) == removed_one
     assert (list(many.ords), list(many.offs)) == (list(one.ords), list(one.offs))
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_retention_passing_keyed_appends(tmp_path: Path, when: str) -> None:
+    """Retention past a key's newest append makes the key unknown (404), whether it lands before a
+    pass or while the pass uploads its index (the commit goes through; the entry is never served);
+    the next pass drops the entry; nothing leaks."""
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            assert await _create(h) == 201
+            for key, body in (("b", b"b1;"), ("a", b"a1;"), ("c", b"c1;"), ("a", b"a2;")):
+                assert (await _append(h, key, body))[0] == 204
+            await h.flush()
+            cut = 6  # past b1 and a1: c1 and a2 are still retained
+
+            async def retain() -> None:
+                await h.s.streams.retain_from("default", "hk", cut)
+
+            if when == "before":
+                await retain()
+            else:
+                [compaction] = [t for t in h.s.gc.tasks if t.name == "compaction"]
+
+                async def step(at: str) -> None:
+                    if at == "upload":
+                        await retain()
+
+                compaction.by_header.steps = step  # type: ignore[attr-defined]
+            report = await h.gc(T0)
+            assert report.errors == [] and report.key_indexes_written == 1
+            for key, want in (("a", b"a2;"), ("c", b"c1;")):
+                status, _, body = await _key(h, key)
+                assert (status, body) == (200, want)
+            status, _, body = await _key(h, "b")
+            assert (status, _code(body)) == (404, "KEY_NOT_FOUND")
+            assert await _read_all(h) == b"c1;a2;"
+            s = h.s.streams.lookup("default", "hk")
+            assert s.key_index is not None
+            assert s.key_index.keys == (2 if when == "before" else 3)  # b's entry: in, but never served
+            await h.restart(crash=True)
+            assert (await _key(h, "b"))[0] == 404
+            report = await h.gc(T0 + 1)  # after a restart every indexed stream is checked once
+            assert report.errors == []
+            s = h.s.streams.lookup("default", "hk")
+            assert s.key_index is not None and s.key_index.keys == 2
+            for at in (T0 + 2, T0 + 20_000, T0 + 40_000):
+                assert (await h.gc(at, reconcile=True)).errors == []
+            stored = {i.key async for i in h.s.store.list("data/")}
+            assert stored == set(h.s.state.cold_objects)
+            assert all(o.refs > 0 for o in h.s.state.cold_objects.values())
+        finally:
+            await h.stop()
+
+    asyncio.run(main())
