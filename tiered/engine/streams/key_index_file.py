@@ -119,32 +119,34 @@ def decode_all(index: KeyIndexRef, data: bytes) -> Iterator[KeyedAppend]:
 
 
 class FooterCache:
-    """Decoded footers by object key (objects are immutable), the least recently used dropped first."""
+    """Decoded footers (with their blocks' first keys, for the binary search) by object key (objects are
+    immutable), the least recently used dropped first."""
 
     def __init__(self, max_objects: int = 256) -> None:
         self.max_objects = max_objects
-        self._footers: OrderedDict[str, Footer] = OrderedDict()
+        self._footers: OrderedDict[str, tuple[Footer, list[str]]] = OrderedDict()
 
-    def get(self, key: str) -> Footer | None:
-        footer = self._footers.get(key)
-        if footer is not None:
+    def get(self, key: str) -> tuple[Footer, list[str]] | None:
+        found = self._footers.get(key)
+        if found is not None:
             self._footers.move_to_end(key)
-        return footer
+        return found
 
-    def put(self, key: str, footer: Footer) -> None:
-        self._footers[key] = footer
+    def put(self, key: str, footer: Footer) -> tuple[Footer, list[str]]:
+        found = self._footers[key] = (footer, [b.first for b in footer.blocks])
         self._footers.move_to_end(key)
         while len(self._footers) > self.max_objects:
             self._footers.popitem(last=False)
+        return found
 
 
 async def lookup(index: KeyIndexRef, fetch: Fetch, key: str, cache: FooterCache) -> KeyedAppend | None:
     """The index's entry of ``key`` (None: the index holds none): the footer (cached), then one block."""
-    footer = cache.get(index.key)
-    if footer is None:
+    found = cache.get(index.key)
+    if found is None:
         footer = decode_footer(index.key, await fetch(index.size - index.footer_length, index.size))
-        cache.put(index.key, footer)
-    firsts = [b.first for b in footer.blocks]
+        found = cache.put(index.key, footer)
+    footer, firsts = found
     i = bisect_right(firsts, key) - 1
     if i < 0 or footer.blocks[i].last < key:
         return None
