@@ -287,6 +287,11 @@ def test_key_reads_before_and_after_compaction_new_appends_and_restarts(tmp_path
 
             await all_reads(b"a1;b1;a2;c1;")
             assert await h.flush() == 1
+            dry = await h.gc(T0, dry_run=True)  # announces, changes nothing
+            assert dry.errors == [] and dry.key_indexes_written == 0 and dry.messages_compacted == 2
+            assert [(w["path"], w["keys"]) for w in dry.would_compact] == [("hk", 3)]
+            assert h.s.streams.lookup("default", "hk").key_index is None
+            await all_reads(b"a1;b1;a2;c1;")
             report = await h.gc(T0)
             assert report.errors == [] and report.key_indexes_written == 1
             assert report.streams_compacted == 1 and report.messages_compacted == 2  # a1 and c1
