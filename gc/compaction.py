@@ -18,6 +18,10 @@ At most ``compaction_max_streams`` streams per pass, in uid order after where
 the previous pass stopped, so every keyed stream gets its turn; a stream whose
 cold range has not changed since its last scan is not read again until a
 tombstone that scan kept falls due (soft state: a restart scans everything once).
+
+Issue 21 (``tiered.gc.key_index``): after each stream's pass the newest message
+of each key it saw becomes the stream's key index (``?key=`` reads it); streams
+keyed by header (``Stream-Key``) are compacted there, from their journaled keys.
 """
 
 from __future__ import annotations
@@ -47,11 +51,11 @@ class CompactKeyedStreams:
         # Soft: per stream, what its last scan saw and when a tombstone it kept falls due; a stream
         # whose cold range has not changed is not read again before then.
         self.scanned: dict[int, tuple[tuple[int, int, int], int | None]] = {}
-        self.by_header = KeyIndexer()  # key indexes, and streams keyed by header (issue 21): their own module
+        self.indexer = KeyIndexer()  # key indexes, and streams keyed by header (issue 21): ``key_index``
 
     async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
         report = gc_pass.report
-        await self.by_header.run(ctx, gc_pass)
+        await self.indexer.run(ctx, gc_pass)
         if ctx.reader is None:
             return
         for s in self._due(ctx, gc_pass.now):
@@ -68,9 +72,7 @@ class CompactKeyedStreams:
                 continue
             if not removed:
                 if not gc_pass.dry_run:
-                    await self.by_header.index_pointer_stream(
-                        ctx, gc_pass, s, tokens, messages, gone
-                    )  # ?key=
+                    await self.indexer.index_pointer(ctx, gc_pass, s, tokens, messages, gone)  # ?key=
                     self.scanned[s.uid] = (_seen(s), due)
                 continue
             report.messages_compacted += sum(gone)
@@ -83,9 +85,7 @@ class CompactKeyedStreams:
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
             report.streams_compacted += 1
-            await self.by_header.index_pointer_stream(
-                ctx, gc_pass, s, tokens, messages, gone
-            )  # issue 21: ?key=
+            await self.indexer.index_pointer(ctx, gc_pass, s, tokens, messages, gone)  # ?key= (issue 21)
             self.scanned[s.uid] = (_seen(s), due)  # after the commit: a failed one is tried again
 
     def _due(self, ctx: GcContext, now_ms: int) -> list[Stream]:

@@ -124,7 +124,7 @@ class KeyIndexer:
             report.streams_compacted += 1
             report.messages_compacted += removed
 
-    async def index_pointer_stream(
+    async def index_pointer(
         self,
         ctx: GcContext,
         gc_pass: GcPass,

@@ -540,7 +540,7 @@ def test_crash_at_every_step_of_an_index_write(tmp_path: Path, step: str) -> Non
                 assert (await _append(h, key, f"{key}{i};".encode()))[0] == 204
             await h.flush()
             [compaction] = [t for t in h.s.gc.tasks if t.name == "compaction"]
-            indexer = compaction.by_header  # type: ignore[attr-defined]
+            indexer = compaction.indexer  # type: ignore[attr-defined]
 
             async def crash(at: str) -> None:
                 if at == step:
@@ -802,7 +802,7 @@ def test_retention_passing_keyed_appends(tmp_path: Path, when: str) -> None:
                     if at == "upload":
                         await retain()
 
-                compaction.by_header.steps = step  # type: ignore[attr-defined]
+                compaction.indexer.steps = step  # type: ignore[attr-defined]
             report = await h.gc(T0)
             assert report.errors == [] and report.key_indexes_written == 1
             for key, want in (("a", b"a2;"), ("c", b"c1;")):
