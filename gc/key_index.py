@@ -89,8 +89,9 @@ class KeyIndexer:
 
     def _changed(self, s: Stream, now_ms: int) -> bool:
         """Whether a pass may change ``s``'s index: appends to fold, or a tombstone due (or never checked)."""
-        if header_keys.folded(s):
-            return True
+        first = s.pending_keys[0] if s.pending_keys else None
+        if first is not None and first.end <= s.cold_end and first.start <= s.cold_end:
+            return True  # appends to fold (in offset order: the first tells)
         if s.uid not in self.due_ms:
             return s.key_index is not None  # once after a start: tombstones, retention
         due = self.due_ms[s.uid]
