@@ -100,30 +100,32 @@ class KeyIndexer:
     async def _one(self, ctx: GcContext, gc_pass: GcPass, s: Stream) -> None:
         report = gc_pass.report
         before = s.key_index
-        old: list[KeyedAppend] = []
+        data = b""
         if before is not None:
-            old = list(key_index_file.decode_all(before, await ctx.store.get(before.key)))
+            data = await ctx.store.get(before.key)
         if ctx.state.streams.get(s.uid) is not s or s.key_index is not before:
             return  # deleted, or another pass committed, while the index was read
-        plan = header_keys.plan_index(s, old, gc_pass.now, ctx.tombstone_delay_ms)
+        old = key_index_file.decode_all(before, data) if before is not None else iter(())
+        # No ``await`` from the plan to the encoded object: the merge reads the stream as it streams.
+        plan, entries = header_keys.plan_index(s, old, gc_pass.now, ctx.tombstone_delay_ms)
+        body, footer_length = key_index_file.encode(entries)
         if not plan.changed:
             self.due_ms[s.uid] = plan.tombstone_due_ms
             return
-        removed = plan.superseded
         if gc_pass.dry_run:
-            report.messages_compacted += removed
+            report.messages_compacted += plan.superseded
             report.would_compact.append(
-                {"bucket": s.bucket, "path": s.path, "removed": plan.removed, "keys": len(plan.entries)}
+                {"bucket": s.bucket, "path": s.path, "removed": plan.removed, "keys": plan.keys}
             )
             return
-        holes = tuple(plan.removed)
-        if not await self._write(ctx, s, before, plan.entries, plan.covers_to, plan.folded, holes):
+        index = (body, footer_length, plan.keys)
+        if not await self._write(ctx, s, before, index, plan.covers_to, plan.folded, tuple(plan.removed)):
             return
         self.due_ms[s.uid] = plan.tombstone_due_ms
         report.key_indexes_written += 1
         if plan.removed:
             report.streams_compacted += 1
-            report.messages_compacted += removed
+            report.messages_compacted += plan.superseded
 
     async def index_pointer(
         self,
@@ -151,8 +153,8 @@ class KeyIndexer:
                 if not removed:
                     key, tombstone = message_key(tokens, message)
                     newest[key] = KeyedAppend(start, end, key, tombstone, stored_ms)
-            entries = [newest[k] for k in sorted(newest)]
-            if await self._write(ctx, s, before, entries, covers_to, 0, ()):
+            body, footer_length = key_index_file.encode(newest[k] for k in sorted(newest))
+            if await self._write(ctx, s, before, (body, footer_length, len(newest)), covers_to, 0, ()):
                 gc_pass.report.key_indexes_written += 1
         except (ObjectStoreError, TieredError) as exc:
             log.warning("key index of %s/%s not written this pass: %s", s.bucket, s.path, exc)
@@ -163,13 +165,14 @@ class KeyIndexer:
         ctx: GcContext,
         s: Stream,
         before: KeyIndexRef | None,
-        entries: list[KeyedAppend],
+        index: tuple[bytes, int, int],
         covers_to: int,
         folded: int,
         holes: tuple[tuple[int, int], ...],
     ) -> bool:
-        """Intent, upload, then (holes first) the index's commit; False when the stream changed meanwhile."""
-        body, footer_length = key_index_file.encode(entries)
+        """Intent, upload, then (holes first) the commit of ``index`` (object bytes, footer length, keys);
+        False when the stream changed meanwhile."""
+        body, footer_length, keys = index
         key = new_key_index_key(ctx.clock.now_ms())
         await ctx.committer.commit([ColdCopyStarted(key=key, ts_ms=ctx.clock.now_ms(), ranges=())])
         await self.steps("intent")
@@ -194,7 +197,7 @@ class KeyIndexer:
                 crc32c=google_crc32c.value(body),
                 footer_length=footer_length,
                 covers_to=covers_to,
-                keys=len(entries),
+                keys=keys,
                 folded=folded,
                 ts_ms=ts,
             )

@@ -29,6 +29,7 @@ from tests.support.gc_support import T0, HttpHarness, make_config
 from tiered.cold.parquet.chunk_index import ColdDataDamaged
 from tiered.core.errors import TieredError
 from tiered.engine.streams import header_keys, key_index_file
+from tiered.engine.streams.keyed import merge
 from tiered.engine.streams.model import KeyedAppend, KeyIndexRef, Stream
 
 pytestmark = pytest.mark.timeout(300)
@@ -132,6 +133,11 @@ def test_index_file_round_trip_lookup_and_damage() -> None:
     assert key_index_file.decode_footer("e", empty[-n:]).blocks == ()
 
 
+def _plan(s: Stream, old: list[KeyedAppend], now_ms: int) -> tuple[header_keys.IndexPlan, list[KeyedAppend]]:
+    plan, entries = header_keys.plan_index(s, old, now_ms=now_ms, tombstone_delay_ms=100)
+    return plan, list(entries)  # the plan is final once every entry is taken
+
+
 def test_plan_index_keeps_newest_per_key_and_drops_due_tombstones() -> None:
     s = Stream(1, "b", "p", TEXT, None, None, None, 0, None, 0, None, 100, compaction_key="header")
     s.cold_end = 60
@@ -143,23 +149,63 @@ def test_plan_index_keeps_newest_per_key_and_drops_due_tombstones() -> None:
         _entry("c", 30, 60),
         _entry("a", 60, 70),  # hot: not folded, supersedes nothing yet
     ]
-    plan = header_keys.plan_index(s, [], now_ms=10, tombstone_delay_ms=100)
+    plan, entries = _plan(s, [], 10)
     assert plan.removed == [(0, 20)] and plan.superseded == 2
-    assert [e.key for e in plan.entries] == ["a", "b", "c"] and plan.entries[0].start == 20
+    assert [e.key for e in entries] == ["a", "b", "c"] and entries[0].start == 20 and plan.keys == 3
     assert plan.folded == 5 and plan.covers_to == 60 and plan.tombstone_due_ms == 105
-    later = header_keys.plan_index(s, [], now_ms=105, tombstone_delay_ms=100)
-    assert [e.key for e in later.entries] == ["a", "c"] and later.tombstone_due_ms is None
-    # Folding into an existing index: its older entry of a key becomes a hole.
-    s.pending_keys = [_entry("c", 60, 70)]
-    s.cold_end = 70
-    again = header_keys.plan_index(s, plan.entries, now_ms=10, tombstone_delay_ms=100)
-    assert again.removed == [(30, 60)] and again.folded == 1
+    later, later_entries = _plan(s, [], 105)
+    assert [e.key for e in later_entries] == ["a", "c"] and later.tombstone_due_ms is None
+    # Folding into an existing index: its older entry of a key becomes a hole; the merge keeps key order.
+    s.pending_keys = [_entry("c", 60, 70), _entry("0", 70, 71), _entry("bb", 71, 72), _entry("z", 72, 73)]
+    s.cold_end = 73
+    again, again_entries = _plan(s, entries, 10)
+    assert again.removed == [(30, 60)] and again.folded == 4 and again.covers_to == 73
+    assert [(e.key, e.start) for e in again_entries] == [
+        ("0", 70),
+        ("a", 20),
+        ("b", 30),
+        ("bb", 71),
+        ("c", 60),
+        ("z", 72),
+    ]
     # Nothing to fold, nothing due: no change.
     s.pending_keys = []
-    assert not header_keys.plan_index(s, again.entries, now_ms=10, tombstone_delay_ms=100).changed
+    assert not _plan(s, again_entries, 10)[0].changed
     # Retention past an indexed append drops it.
     s.retained_from = 25
-    assert header_keys.plan_index(s, again.entries, now_ms=10, tombstone_delay_ms=100).changed
+    dropped, kept = _plan(s, again_entries, 10)
+    assert dropped.changed and [e.key for e in kept] == ["0", "b", "bb", "c", "z"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    old_keys=st.lists(st.sampled_from("abcdefgh"), unique=True),
+    pending=st.lists(st.tuples(st.sampled_from("abcdefghij"), st.booleans()), max_size=12),
+    now=st.integers(0, 300),
+)
+def test_plan_index_merge_equals_a_dictionary(old_keys: list[str], pending: list[Any], now: int) -> None:
+    """The streaming merge gives what folding into a dictionary of every key gives: the newest per key,
+    due tombstones gone, each superseded append with bytes a hole."""
+    old = [_entry(k, i * 10, i * 10 + 5, False, 0) for i, k in enumerate(sorted(old_keys))]
+    base = len(old) * 10
+    s = Stream(1, "b", "p", TEXT, None, None, None, 0, None, 0, None, base, compaction_key="header")
+    s.pending_keys = []
+    for key, tomb in pending:
+        size = 0 if tomb else 3
+        s.pending_keys.append(_entry(key, s.tail, s.tail + size, tomb, ts=s.tail))
+        s.tail += size
+    s.cold_end = s.tail
+    newest = {e.key: e for e in old}
+    holes = []
+    for e in s.pending_keys:
+        prev = newest.get(e.key)
+        if prev is not None and prev.end > prev.start:
+            holes.append((prev.start, prev.end))
+        newest[e.key] = e
+    want = [newest[k] for k in sorted(newest) if not (newest[k].tombstone and newest[k].ts_ms + 100 <= now)]
+    plan, got = _plan(s, old, now)
+    assert got == want and plan.keys == len(want)
+    assert plan.removed == merge(holes) and plan.superseded == len(holes)
 
 
 def test_key_headers_parse() -> None:
@@ -762,7 +808,6 @@ def test_pointer_streams_index_is_written_and_used(tmp_path: Path) -> None:
 def test_record_index_removes_many_ranges_as_one_at_a_time(starts: list[int], ranges: list[Any]) -> None:
     """``RecordIndex.remove_ranges`` (one pass, for a compaction pass's many holes) equals ``remove_range``
     applied to each range in turn."""
-    from tiered.engine.streams.keyed import merge
     from tiered.engine.streams.ordinals import RecordIndex
 
     holes = merge((a, a + n) for a, n in ranges)

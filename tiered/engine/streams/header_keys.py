@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -242,17 +242,19 @@ def not_found(entry: KeyedAppend | None) -> TieredError:
 # ------------------------------------------------------------------ compaction
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IndexPlan:
-    """What one compaction pass does to a header-keyed stream: the new index and the holes it adds."""
+    """What one compaction pass does to a header-keyed stream: the holes it adds and what the new index
+    covers. ``removed``, ``superseded``, ``changed``, ``keys`` and ``tombstone_due_ms`` are final once the
+    entries ``plan_index`` returns with it have all been taken (the new index streams out of the merge)."""
 
-    entries: list[KeyedAppend]  # sorted by key: the newest append of each key below ``covers_to``
-    removed: list[tuple[int, int]]  # superseded appends, merged (the pass's ``StreamCompacted``)
-    superseded: int  # how many appends with bytes the holes remove
     covers_to: int
     folded: int  # how many of the stream's pending appends (from the first) the index now covers
-    changed: bool  # False: the index as it is stays right (nothing to write)
-    tombstone_due_ms: int | None  # when the earliest tombstone kept may go (None: none kept)
+    removed: list[tuple[int, int]]  # superseded appends, merged at the end (the pass's ``StreamCompacted``)
+    superseded: int = 0  # how many appends with bytes the holes remove
+    changed: bool = False  # False: the index as it is stays right (nothing to write)
+    keys: int = 0  # entries in the new index
+    tombstone_due_ms: int | None = None  # when the earliest tombstone kept may go (None: none kept)
 
 
 def plan_index(
@@ -260,48 +262,80 @@ def plan_index(
     old: Iterable[KeyedAppend],
     now_ms: int,
     tombstone_delay_ms: int,
-) -> IndexPlan:
-    """Fold ``s``'s pending appends that are in the cold range into the index entries ``old``.
+) -> tuple[IndexPlan, Iterator[KeyedAppend]]:
+    """Fold ``s``'s pending appends that are in the cold range into the index entries ``old`` (in key
+    order, as the index object holds them): the plan, and the new index's entries in key order.
 
     Only appends wholly below ``s.cold_end`` are folded (compaction follows the flusher); an append
     superseded by a newer one of its key becomes a hole; a newest one that is a tombstone at least
     ``tombstone_delay_ms`` old leaves the index; appends no read reaches (retention passed them, or
-    a hole of a pass whose index was not committed) are dropped.
+    a hole of a pass whose index was not committed) are dropped. The old index is merged as it
+    streams by, so a pass holds the folded appends and one block of the index, not every key.
+    Nothing may change ``s`` until the entries are all taken (a shell takes them with no ``await``).
     """
     covered = s.key_index.covers_to if s.key_index is not None else 0
-    newest: dict[str, KeyedAppend] = {}
-    changed = False
-    for entry in old:
-        if readable(s, entry):
-            newest[entry.key] = entry
-        else:
-            changed = True
-    removed: list[tuple[int, int]] = []
-    covers_to = covered
     batch = folded(s)
+    plan = IndexPlan(max(batch[-1].end, covered) if batch else covered, len(batch), [])
+    plan.changed = bool(batch)
+    newest: dict[str, KeyedAppend] = {}
     for entry in batch:
-        covers_to = entry.end
-        changed = True
         if not readable(s, entry):
             continue
         prev = newest.get(entry.key)
         if prev is not None and prev.end > prev.start:
-            removed.append((prev.start, prev.end))
+            plan.removed.append((prev.start, prev.end))
         newest[entry.key] = entry
-    due: int | None = None
-    for key, entry in list(newest.items()):
+    return plan, _merged(s, plan, old, newest, now_ms, tombstone_delay_ms)
+
+
+def _merged(
+    s: Stream,
+    plan: IndexPlan,
+    old: Iterable[KeyedAppend],
+    newest: dict[str, KeyedAppend],
+    now_ms: int,
+    delay_ms: int,
+) -> Iterator[KeyedAppend]:
+    """The old entries and the folded newest ones, merged by key (a folded one supersedes an old one)."""
+    new_keys = sorted(newest)
+    i = 0
+
+    def keep(entry: KeyedAppend) -> bool:
         if not entry.tombstone:
-            continue
-        if entry.ts_ms + tombstone_delay_ms <= now_ms:
-            del newest[key]
-            changed = True
+            return True
+        if entry.ts_ms + delay_ms <= now_ms:  # a tombstone past its delay leaves
+            plan.changed = True
             if entry.end > entry.start:
-                removed.append((entry.start, entry.end))
-        else:
-            at = entry.ts_ms + tombstone_delay_ms
-            due = at if due is None else min(due, at)
-    entries = [newest[k] for k in sorted(newest)]
-    return IndexPlan(entries, merge(removed), len(removed), max(covers_to, covered), len(batch), changed, due)
+                plan.removed.append((entry.start, entry.end))
+            return False
+        at = entry.ts_ms + delay_ms
+        plan.tombstone_due_ms = at if plan.tombstone_due_ms is None else min(plan.tombstone_due_ms, at)
+        return True
+
+    for entry in old:
+        while i < len(new_keys) and new_keys[i] < entry.key:
+            if keep(folded_entry := newest[new_keys[i]]):
+                plan.keys += 1
+                yield folded_entry
+            i += 1
+        if i < len(new_keys) and new_keys[i] == entry.key:
+            if readable(s, entry) and entry.end > entry.start:
+                plan.removed.append((entry.start, entry.end))  # superseded by a folded append
+            elif not readable(s, entry):
+                plan.changed = True
+            continue  # the folded one is yielded when the walk passes it
+        if not readable(s, entry):
+            plan.changed = True
+            continue
+        if keep(entry):
+            plan.keys += 1
+            yield entry
+    for key in new_keys[i:]:
+        if keep(entry := newest[key]):
+            plan.keys += 1
+            yield entry
+    plan.superseded = len(plan.removed)
+    plan.removed = merge(plan.removed)
 
 
 def folded(s: Stream) -> Sequence[KeyedAppend]:

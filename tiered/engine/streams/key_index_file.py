@@ -27,7 +27,8 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from itertools import islice
 
 import google_crc32c
 import msgspec
@@ -62,14 +63,15 @@ _footer_dec = msgspec.msgpack.Decoder(Footer)
 Fetch = Callable[[int, int], Awaitable[bytes]]
 
 
-def encode(entries: Sequence[KeyedAppend], block_entries: int = BLOCK_ENTRIES) -> tuple[bytes, int]:
-    """(object bytes, footer length with the trailer) of ``entries`` (sorted by key, one per key)."""
+def encode(entries: Iterable[KeyedAppend], block_entries: int = BLOCK_ENTRIES) -> tuple[bytes, int]:
+    """(object bytes, footer length with the trailer) of ``entries`` (sorted by key, one per key), taken
+    a block at a time (a compaction pass streams them out of its merge)."""
     parts: list[bytes] = []
     blocks: list[BlockRef] = []
     pos = 0
-    for i in range(0, len(entries), block_entries):
-        chunk = entries[i : i + block_entries]
-        body = _enc.encode(list(chunk))
+    it = iter(entries)
+    while chunk := list(islice(it, block_entries)):
+        body = _enc.encode(chunk)
         blocks.append(BlockRef(chunk[0].key, chunk[-1].key, pos, len(body), google_crc32c.value(body)))
         parts.append(body)
         pos += len(body)
