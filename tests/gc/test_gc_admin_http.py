@@ -59,6 +59,7 @@ REPORT_KEYS = {
     "streams_compacted",  # issue 21: keyed compaction
     "messages_compacted",
     "would_compact",
+    "key_indexes_written",  # issue 21: key indexes (gc/key_index.py)
 }
 TOTALS_KEYS = {
     "passes",
