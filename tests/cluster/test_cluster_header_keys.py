@@ -122,3 +122,13 @@ def test_owner_and_non_owner_answer_key_reads_alike_and_a_takeover_keeps_them(
     assert status == 404 and offsets == {offset}
     status, _, body = request("GET", f"{via_other}?offset=-1")
     assert (status, body) == (200, b"b1;a2;b2;")
+
+
+def test_a_key_read_is_never_served_from_cold_locators() -> None:
+    """A non-owner serves catch-up reads from the owner's cold locators; a ``?key=`` read needs the owner's
+    key index and pending keys, so it is always forwarded (a read by offset still may use locators)."""
+    from tiered.cluster.gateway.catchup import RETAINED_START, catchup_offset
+
+    assert catchup_offset("GET", {"key": "a"}, marked=False) is None
+    assert catchup_offset("GET", {"key": "7", "offset": "-1"}, marked=False) is None
+    assert catchup_offset("GET", {}, marked=False) == RETAINED_START
