@@ -20,6 +20,10 @@ At most ``compaction_max_streams`` streams per pass, in uid order after where
 the previous pass stopped, so every keyed stream gets its turn; a stream whose
 cold range has not changed since its last scan is not read again until a
 tombstone that scan kept falls due (soft state: a restart scans everything once).
+
+Issue 21 (``tiered.gc.key_index``): after each stream's pass the newest message
+of each key it saw becomes the stream's key index (``?key=`` reads it); streams
+keyed by header (``Stream-Key``) are compacted there, from their journaled keys.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from tiered.cold.objects.store import ObjectStoreError
 from tiered.cold.parquet.chunk import ColdDataDamaged
 from tiered.core.errors import TieredError
 from tiered.engine.jobs.compaction_scan import Piece, decide_in_worker
+from tiered.engine.streams.header_keys import HEADER_MODE
 from tiered.engine.streams.keyed import live_pieces
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import StreamCompacted
 from tiered.gc.context import GcContext, GcPass
 from tiered.gc.erasure import pace
+from tiered.gc.key_index import KeyIndexer
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +54,11 @@ class CompactKeyedStreams:
         # Soft: per stream, what its last scan saw and when a tombstone it kept falls due; a stream
         # whose cold range has not changed is not read again before then.
         self.scanned: dict[int, tuple[tuple[int, int, int], int | None]] = {}
+        self.indexer = KeyIndexer()  # key indexes, and streams keyed by header (issue 21): ``key_index``
 
     async def run(self, ctx: GcContext, gc_pass: GcPass) -> None:
         report = gc_pass.report
+        await self.indexer.run(ctx, gc_pass)
         if ctx.reader is None:
             return
         for s in self._due(ctx, gc_pass.now):
@@ -58,15 +66,17 @@ class CompactKeyedStreams:
             try:
                 pieces = await _cold_pieces(ctx, s)
                 # Splitting, parsing keys and deciding run in the rewrite worker process, off the loop.
-                removed, gone, due = await decide_in_worker(
+                decision = await decide_in_worker(
                     s.compaction_key or "/", pieces, gc_pass.now, ctx.tombstone_delay_ms
                 )
+                removed, gone, due = decision.removed, decision.gone, decision.due
             except (ObjectStoreError, ColdDataDamaged, TieredError, BrokenProcessPool) as exc:
                 log.warning("compaction of %s/%s skipped this pass: %s", s.bucket, s.path, exc)
                 report.errors.append(f"compaction of {s.bucket}/{s.path} skipped: {exc}")
                 continue
             if not removed:
                 if not gc_pass.dry_run:
+                    await self.indexer.index_pointer(ctx, gc_pass, s, decision)  # ?key=
                     self.scanned[s.uid] = (_seen(s), due)
                 continue
             report.messages_compacted += gone
@@ -79,6 +89,7 @@ class CompactKeyedStreams:
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
             report.streams_compacted += 1
+            await self.indexer.index_pointer(ctx, gc_pass, s, decision)  # ?key= (issue 21)
             self.scanned[s.uid] = (_seen(s), due)  # after the commit: a failed one is tried again
 
     def _due(self, ctx: GcContext, now_ms: int) -> list[Stream]:
@@ -91,6 +102,7 @@ class CompactKeyedStreams:
                 s
                 for s in state.streams.values()
                 if s.compaction_key is not None
+                and s.compaction_key != HEADER_MODE  # keyed by header: ``KeyIndexer``
                 and s.fork_source is None
                 and s.uid not in sources
                 and s.cold_end > s.retained_from

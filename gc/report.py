@@ -33,6 +33,7 @@ class GcReport:
     # Physical keyed compaction (``compaction-reclaim``): objects rewritten without hole bytes, bytes gone.
     objects_compacted: int = 0
     compaction_bytes_reclaimed: int = 0
+    key_indexes_written: int = 0  # issue 21: key indexes of streams keyed by header (``key_index``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,6 +43,7 @@ def key_time_ms(key: str) -> int | None:
         .removesuffix(".parquet")
         .removesuffix(SNAPSHOT_SUFFIX)
         .removesuffix(PAYLOAD_SUFFIX)
+        .removesuffix(KEY_INDEX_SUFFIX)
     )
     if len(name) != 26:
         return None
@@ -66,3 +67,16 @@ def new_payload_key(now_ms: int, randomness: bytes | None = None) -> str:
 
 def is_payload_key(key: str) -> bool:
     return key.endswith(PAYLOAD_SUFFIX)
+
+
+#: A header-keyed stream's key index (``tiered/engine/streams/key_index_file.py``): ``data/<ULID>.keys``.
+KEY_INDEX_SUFFIX = ".keys"
+
+
+def new_key_index_key(now_ms: int, randomness: bytes | None = None) -> str:
+    """``data/<ULID>.keys``: under the data prefix, so reconciliation and GC treat it as any cold object."""
+    return new_object_key(now_ms, randomness).removesuffix(".parquet") + KEY_INDEX_SUFFIX
+
+
+def is_key_index_key(key: str) -> bool:
+    return key.endswith(KEY_INDEX_SUFFIX)

@@ -61,6 +61,7 @@ REPORT_KEYS = {
     "would_compact",
     "objects_compacted",  # issue 21: physical keyed compaction (``compaction-reclaim``)
     "compaction_bytes_reclaimed",
+    "key_indexes_written",  # issue 21: key indexes (gc/key_index.py)
 }
 TOTALS_KEYS = {
     "passes",

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from tiered.cli import verify_digests
-from tiered.cold.objects.keys import is_snapshot_key
+from tiered.cold.objects.keys import is_key_index_key, is_snapshot_key
 from tiered.cold.objects.payload import PayloadDamaged, PayloadDigest, verify_payload
 from tiered.cold.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiered.cold.parquet.chunk import iter_records, rebuild_index
@@ -159,6 +159,8 @@ async def verify_cold(
             report.errors.append(f"{key}: checksum mismatch (the object changed after upload)")
         if is_snapshot_key(key):
             continue  # a stream snapshot's body: raw bytes, its size and checksum are all there is to check
+        if is_key_index_key(key):
+            continue  # a header-keyed stream's key index (issue 21): its size and checksum were checked
         if tally is not None:
             verify_digests.tally_object(key, data, readers.get(key, {}), tally)
         try:

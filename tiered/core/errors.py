@@ -104,6 +104,13 @@ class ErrorCode(StrEnum):
     TAIL_MISMATCH = "TAIL_MISMATCH"
     # Issue 21: ``GET {stream}?key=K`` of a keyed stream that holds no live message of that key (404).
     KEY_NOT_FOUND = "KEY_NOT_FOUND"
+    # Issue 21, per-append keys (400, nothing stored): a malformed ``Stream-Key`` or
+    # ``Stream-Key-Tombstone`` (empty, too long, control characters, a tombstone with a body)...
+    STREAM_KEY_INVALID = "STREAM_KEY_INVALID"
+    # ... an append with a body and no ``Stream-Key`` to a stream keyed by header ...
+    STREAM_KEY_REQUIRED = "STREAM_KEY_REQUIRED"
+    # ... a ``Stream-Key`` on a stream that is not keyed by header (a JSON pointer's, or not keyed).
+    STREAM_KEY_NOT_ALLOWED = "STREAM_KEY_NOT_ALLOWED"
 
 
 class TieredError(Exception):

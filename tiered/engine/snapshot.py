@@ -115,6 +115,8 @@ def decode_snapshot(
             state.cold_objects[ref.key].refs += 1
         if s.snapshot is not None:  # a stream snapshot's object is owned by its stream too
             state.cold_objects[s.snapshot.key].refs += 1
+        if s.key_index is not None:  # and its key index's (issue 21, ``header_keys``)
+            state.cold_objects[s.key_index.key].refs += 1
     state.copies_in_flight = snap.copies_in_flight
     state.paths = {(b, p): uid for b, p, uid in snap.paths}
     state.erased_buckets = snap.erased_buckets

@@ -90,6 +90,10 @@ STATUS: dict[ErrorCode, int] = {
     C.SNAPSHOT_NOT_AT_BOUNDARY: 400,
     C.TAIL_MISMATCH: 412,  # issue 22: conditional appends
     C.KEY_NOT_FOUND: 404,  # issue 21: keyed reads
+    # Issue 21: per-append keys (``Stream-Key``) of streams keyed by header.
+    C.STREAM_KEY_INVALID: 400,
+    C.STREAM_KEY_REQUIRED: 400,
+    C.STREAM_KEY_NOT_ALLOWED: 400,
 }
 RETRY_AFTER_S: dict[ErrorCode, int] = {
     C.HOT_TIER_FULL: 2,
@@ -132,6 +136,8 @@ def error_response(exc: TieredError) -> Response:
         headers["WWW-Authenticate"] = ctx.get("challenge", "Bearer")
     elif code is C.METHOD_NOT_ALLOWED and "allow" in ctx:
         headers["Allow"] = ctx["allow"]
+    if code is C.KEY_NOT_FOUND and "key_offset" in ctx:  # issue 21: the tombstone that deleted the key
+        headers["Stream-Key-Offset"] = ctx["key_offset"]
     if "snapshot_offset" in ctx:  # the stream's newest snapshot (a 410 below retention: bootstrap from it)
         headers["Stream-Snapshot-Offset"] = ctx["snapshot_offset"]
     if status in (429, 503):

@@ -8,13 +8,14 @@ any hole it ends in, so a reader never waits on removed offsets.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from tiered.api.kit.types import Response
+from tiered.core.content import json_messages_to_array
 from tiered.core.errors import bad_request
 from tiered.core.ids import format_offset
-from tiered.engine.streams.keyed import low_water_mark, newest_for_key, parse_key_query, read_live_chunk
+from tiered.engine.streams.header_keys import is_header_keyed
+from tiered.engine.streams.keyed import low_water_mark, parse_key_query, read_live_chunk
 from tiered.engine.streams.model import Stream
+from tiered.engine.streams.service import StreamService
 
 
 def keyed_headers(s: Stream, tail: int, headers: dict[str, str]) -> None:
@@ -26,15 +27,34 @@ def keyed_headers(s: Stream, tail: int, headers: dict[str, str]) -> None:
         headers["Stream-Compaction-Key"] = s.compaction_key
 
 
-async def key_response(
-    read: Callable[[int, int], Awaitable[bytes]], s: Stream, tail: int, raw: str
-) -> Response:
+async def header_key_response(service: StreamService, s: Stream, tail: int, raw: str) -> Response:
+    """``GET {stream}?key=K`` of a stream keyed by header: ``K`` as sent in ``Stream-Key`` (raw text, as
+    the ``durable-streams-keyed`` fork reads it); the newest append of ``K`` as a read of its range would
+    serve it (a JSON stream's messages as an array), its offset in ``Stream-Key-Offset``, the key in
+    ``Stream-Key``; 404 ``KEY_NOT_FOUND`` when it has none or was deleted (then ``Stream-Key-Offset``
+    names the tombstone)."""
+    entry, data = await service.read_key(s, raw)
+    headers = {
+        "Content-Type": s.content_type,
+        "Stream-Key": entry.key,
+        "Stream-Key-Offset": format_offset(entry.start),
+        "Stream-Next-Offset": format_offset(tail),
+        "Cache-Control": "no-store",
+    }
+    return Response(200, headers, json_messages_to_array(data) if s.json else data)
+
+
+async def key_response(service: StreamService, s: Stream, tail: int, raw: str) -> Response:
     """``GET {stream}?key=K``: the newest message of key ``K`` (its JSON text: ``"abc"`` or ``7``) as
     the body, its offset in ``Stream-Key-Offset``; 404 ``KEY_NOT_FOUND`` when the key has none or
-    was deleted; 400 on a stream that is not keyed or a key that is not a string or an integer."""
+    was deleted; 400 on a stream that is not keyed or a key that is not a string or an integer.
+    A stream keyed by header answers ``header_key_response``'s way; the others read the compactor's
+    key index plus what follows it (``tiered.engine.streams.key_reads``)."""
+    if is_header_keyed(s):
+        return await header_key_response(service, s, tail, raw)
     if s.compaction_key is None:
         raise bad_request("key reads need a keyed stream (created with Stream-Compaction-Key)")
-    offset, message = await newest_for_key(read, s, tail, parse_key_query(raw))
+    offset, message = await service.read_pointer_key(s, tail, parse_key_query(raw))
     headers = {
         "Content-Type": s.content_type,
         "Stream-Key-Offset": format_offset(offset),
@@ -44,4 +64,4 @@ async def key_response(
     return Response(200, headers, message.rstrip(b"\n"))
 
 
-__all__ = ["key_response", "keyed_headers", "read_live_chunk"]
+__all__ = ["header_key_response", "key_response", "keyed_headers", "read_live_chunk"]

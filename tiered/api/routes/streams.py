@@ -17,6 +17,7 @@ in ``protocol``, state rules in the state machine, and errors are
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
@@ -31,6 +32,7 @@ from tiered.core.ids import format_offset, parse_offset
 from tiered.core.parsing import parse_uint
 from tiered.engine.streams import integrity
 from tiered.engine.streams.conditions import parse_expected_offset, parse_record_match
+from tiered.engine.streams.header_keys import parse_key_headers
 from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
@@ -162,9 +164,15 @@ class StreamRoutes:
         content_type = h.get("Content-Type")
         expected = parse_expected_offset(h)
         record_match = parse_record_match(h)
+        key, tombstone = parse_key_headers(h)  # issue 21: ``Stream-Key`` (``header_keys``)
         size = request.declared_length()
         stream = None
-        if self.large is not None and self.large.takes(size) and not is_json(content_type or ""):
+        if (
+            self.large is not None
+            and key is None
+            and self.large.takes(size)
+            and not is_json(content_type or "")
+        ):
             stream = request.body_stream()  # a large body: streamed to its own object, journaled by reference
         if stream is not None and size is not None and self.large is not None:
             _check_body_type(content_type)
@@ -174,10 +182,12 @@ class StreamRoutes:
             result = await self.large.append(bucket, path, req, size, stream)
         else:
             # The request is built once, with its body (a frozen dataclass's ``replace`` costs an append ~2 µs).
-            body = await self._append_body(request, close, content_type)
+            body = await self._append_body(request, close or tombstone, content_type)
             req = AppendRequest(
                 content_type, body, close, producer, epoch, seq, stream_seq, expected, record_match
             )
+            if key is not None:  # issue 21: a keyed append (``header_keys``)
+                req = replace(req, key=key, tombstone=tombstone)
             result = await self.service.append(bucket, path, req)
         headers = {"Stream-Next-Offset": format_offset(result.tail)}
         next_record = self.service.record_at(result.stream, result.tail, result.tail)
@@ -252,7 +262,7 @@ class StreamRoutes:
         if key_raw is not None:  # the newest message of a key (``keyed``)
             if offset_raw is not None or record_raw is not None or live is not None:
                 raise bad_request("a key read takes no offset, record or live mode")
-            return await key_response(lambda a, b: service.read(s, a, b), s, v.tail, key_raw)
+            return await key_response(service, s, v.tail, key_raw)
         if record_raw is not None:  # from the N-th message (``tiered.engine.streams.ordinals``)
             offset = service.record_offset(s, parse_uint(record_raw, "query parameter record"), v.tail)
         elif offset_raw is None or offset_raw == "-1":

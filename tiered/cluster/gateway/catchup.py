@@ -62,7 +62,7 @@ def catchup_offset(method: str, query: Mapping[str, str], *, marked: bool) -> in
     the request carries a header that takes it out (already forwarded, a
     bucket fan-out's sub-request, a client asking for a redirect).
     """
-    if marked or method != "GET" or "live" in query:
+    if marked or method != "GET" or "live" in query or "key" in query:  # a key read: the owner's index
         return None
     raw = query.get("offset")
     if raw is None or raw == "-1":

@@ -13,15 +13,23 @@ serving appends. The decision is the same function either way (``decide``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.engine.jobs.rewrite import in_worker
 from tiered.engine.streams.keyed import message_key, parse_pointer, plan_removals, split_messages
+from tiered.engine.streams.model import KeyedAppend
 
 Message = tuple[int, int, bytes, int]
 Piece = tuple[int, bytes, int]  # a live piece's first offset, its bytes, when its object was written
-Decision = tuple[list[tuple[int, int]], int, int | None]  # removed ranges, messages removed, tombstone due
+
+
+class Decision(NamedTuple):
+    removed: list[tuple[int, int]]  # the ranges to remove (sorted, merged)
+    gone: int  # how many messages they hold
+    due: int | None  # when the earliest tombstone kept falls due
+    newest: list[KeyedAppend]  # the newest message kept per key, in key order: the key index (``key_index``)
+    covers_to: int  # the end of the last message scanned (0: none)
 
 
 async def decide_in_worker(pointer: str, pieces: list[Piece], now_ms: int, delay_ms: int) -> Decision:
@@ -36,8 +44,8 @@ async def decide_in_worker(pointer: str, pieces: list[Piece], now_ms: int, delay
 
 
 def decide(pointer: str, pieces: list[Piece], now_ms: int, delay_ms: int) -> tuple[str, Any]:
-    """("ok", (removed, how many messages, when the earliest tombstone kept falls due)) or
-    ("refused", (code, message)): refusals cross the process boundary as values."""
+    """("ok", ``Decision``) or ("refused", (code, message)): refusals cross the process boundary as
+    values."""
     try:
         tokens = parse_pointer(pointer)
         messages: list[Message] = [
@@ -48,9 +56,20 @@ def decide(pointer: str, pieces: list[Piece], now_ms: int, delay_ms: int) -> tup
         removed = plan_removals(tokens, messages, now_ms, delay_ms)
         gone = removed_flags(messages, removed)
         due = tombstone_due(tokens, messages, gone, delay_ms)
+        newest = newest_per_key(tokens, messages, gone)
     except TieredError as exc:
         return "refused", (exc.code.value, exc.message)
-    return "ok", (removed, sum(gone), due)
+    return "ok", Decision(removed, sum(gone), due, newest, messages[-1][1] if messages else 0)
+
+
+def newest_per_key(tokens: tuple[str, ...], messages: list[Message], gone: list[bool]) -> list[KeyedAppend]:
+    """The newest message kept of each key (a tombstone included), in key order: what the key index holds."""
+    newest: dict[str, KeyedAppend] = {}
+    for (start, end, message, stored_ms), removed in zip(messages, gone, strict=True):
+        if not removed:
+            key, tombstone = message_key(tokens, message)
+            newest[key] = KeyedAppend(start, end, key, tombstone, stored_ms)
+    return [newest[k] for k in sorted(newest)]
 
 
 def removed_flags(messages: list[Message], removed: list[tuple[int, int]]) -> list[bool]:

@@ -255,30 +255,3 @@ def parse_key_query(raw: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return "i:" + str(value)
     raise TieredError(ErrorCode.BAD_REQUEST, "a key is a string or an integer")
-
-
-async def newest_for_key(
-    read: ReadBytes, s: Stream, tail: int, key: str, chunk_bytes: int = KEY_SCAN_CHUNK
-) -> tuple[int, bytes]:
-    """(offset, message) of the newest live message of ``key`` in ``s``; KEY_NOT_FOUND when there is
-    none or the newest is a tombstone. Scans the live messages from the low-water mark: once
-    compacted, the cold range holds one message per key, so the scan is about keys times message
-    size plus what is not compacted yet."""
-    assert s.compaction_key is not None
-    tokens = parse_pointer(s.compaction_key)
-    found: tuple[int, bytes, bool] | None = None
-    offset = low_water_mark(s, tail)
-    while offset < tail:
-        data, end, _ = await read_live_chunk(read, s.holes, offset, tail, chunk_bytes)
-        pos = 0
-        for piece_start, piece_end in live_pieces(s.holes, offset, end):
-            piece = data[pos : pos + (piece_end - piece_start)]
-            pos += piece_end - piece_start
-            for m0, _, message in split_messages(piece_start, piece):
-                k, tombstone = message_key(tokens, message)
-                if k == key:
-                    found = (m0, message, tombstone)
-        offset = end
-    if found is None or found[2]:
-        raise TieredError(ErrorCode.KEY_NOT_FOUND, "the stream holds no message of that key")
-    return found[0], found[1]

@@ -47,7 +47,7 @@ from tiered.core.errors import ErrorCode, TieredError, bad_request
 from tiered.core.ports import PrefixOwner
 from tiered.core.record_digest import HashState, RecordHasher, digest_bytes, hash_value
 from tiered.engine.journal.committer import Committer
-from tiered.engine.streams import appends, conditions, ordinals
+from tiered.engine.streams import appends, conditions, header_keys, ordinals
 from tiered.engine.streams.model import AppendRequest, Duplicate, Stream
 from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted, PayloadAppended
 from tiered.engine.streams.service import AppendResult, WriteGate
@@ -147,6 +147,8 @@ class LargeBodies:
 
     def _decide(self, s: Stream, req: AppendRequest, size: int) -> PayloadAppended | Duplicate:
         """The append rules and quotas for ``s`` now (no ``await``: what they judge is what is committed)."""
+        if header_keys.is_header_keyed(s):  # issue 21: a keyed append goes through the journal whole
+            header_keys.check_append(s, replace(req, data=_SOME_BODY))
         decided = appends.check_append(
             s, replace(req, data=_SOME_BODY), self.clock.now_ms(), self.state.producer_limits
         )

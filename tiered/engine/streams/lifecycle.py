@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tiered.core.content import DEFAULT_CONTENT_TYPE, media_type
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import DEFAULT_BUCKET, format_offset
-from tiered.engine.streams import integrity, release, snapshots
+from tiered.engine.streams import header_keys, integrity, release, snapshots
 from tiered.engine.streams.model import CreateRequest, PathHistory, Stream
 from tiered.engine.streams.records import (
     BucketCreated,
@@ -308,6 +308,7 @@ def apply_gone(state: StreamState, uid: int, ts_ms: int) -> None:
     if s.soft_deleted:
         return
     snapshots.drop(state, s, ts_ms)  # nobody reads the stream's snapshot any more
+    header_keys.drop(state, s, ts_ms)  # nor its key index (issue 21)
     if s.forks > 0:
         s.soft_deleted = True
         s.producers.clear()  # nobody appends to it again: its producer states hold nothing

@@ -184,6 +184,30 @@ class PublishedSnapshot(msgspec.Struct, frozen=True, array_like=True):
     created_ms: int
 
 
+class KeyedAppend(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One append to a header-keyed stream (``header_keys``): its range, its ``Stream-Key``, whether it
+    is a tombstone (``Stream-Key-Tombstone: true``, an empty range), and when it was appended."""
+
+    start: int
+    end: int
+    key: str
+    tombstone: bool
+    ts_ms: int
+
+
+class KeyIndexRef(msgspec.Struct, frozen=True, array_like=True):
+    """A header-keyed stream's key index (``key_index_file``): the cold object ``key`` holding, sorted by
+    key, the newest append of every key the compactor has seen below ``covers_to``."""
+
+    key: str
+    size: int
+    crc32c: int
+    footer_length: int
+    covers_to: int  # appends starting below this are in the index (or superseded); the rest are pending
+    keys: int  # how many entries (tombstones included)
+    created_ms: int
+
+
 class PathHistory(NamedTuple):
     """What the streams a path held before tell the next one (kept after they are gone).
 
@@ -239,6 +263,11 @@ class Stream(msgspec.Struct, array_like=True):
     # Durable, added after the fields above (so older snapshots decode): keyed compaction (``keyed``).
     compaction_key: str | None = None  # the JSON pointer naming each message's key; None: not keyed
     holes: tuple[tuple[int, int], ...] = ()  # removed message ranges, sorted, merged (reads skip them)
+    # Durable, added after the fields above: per-append keys of a stream keyed by header
+    # (``Stream-Compaction-Key: header``, ``header_keys``): the keyed appends the compactor's key index
+    # does not cover yet, in offset order, and that index (a cold object of its own).
+    pending_keys: list[KeyedAppend] = msgspec.field(default_factory=list)
+    key_index: KeyIndexRef | None = None
 
     # Not journal state: when the journal last heard of a TTL touch (a throttle).
     SOFT_STATE: ClassVar[tuple[str, ...]] = ("touch_journaled_ms",)
@@ -303,6 +332,8 @@ class AppendRequest:
     stream_seq: str | None = None
     expected_offset: int | None = None  # issue 22: ``Stream-Expected-Offset`` (``conditions``)
     expected_record: int | None = None  # issue 22: ``Stream-Record-Match`` (``conditions``, ``ordinals``)
+    key: str | None = None  # issue 21: ``Stream-Key`` (``header_keys``)
+    tombstone: bool = False  # issue 21: ``Stream-Key-Tombstone: true`` (an empty body deleting ``key``)
 
 
 @dataclass(frozen=True, slots=True)

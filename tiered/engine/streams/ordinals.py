@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -108,6 +108,25 @@ class RecordIndex:
         del self.ords[lo:hi]
         del self.offs[lo:hi]
         return hi - lo
+
+    def remove_ranges(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """``remove_range`` of many sorted, disjoint ranges in one pass over the index (issue 21: one
+        compaction pass of a large key space removes tens of thousands; one at a time is quadratic)."""
+        if len(ranges) <= 8:
+            return sum(self.remove_range(a, b) for a, b in ranges)
+        ords, offs = array("q"), array("q")
+        pos = removed = 0
+        for a, b in sorted(ranges):
+            lo = bisect_left(self.offs, a, pos)
+            hi = bisect_left(self.offs, b, lo)
+            ords.extend(self.ords[pos:lo])
+            offs.extend(self.offs[pos:lo])
+            removed += hi - lo
+            pos = hi
+        ords.extend(self.ords[pos:])
+        offs.extend(self.offs[pos:])
+        self.ords, self.offs = ords, offs
+        return removed
 
     def first_at_or_after(self, offset: int) -> int:
         """The ordinal of the first message held that starts at or after ``offset`` (``next`` if none)."""
@@ -190,8 +209,8 @@ class RecordsState:
                 if index is not None and s is not None:
                     index.trim_below(s.retained_from)
         elif type(record) is StreamCompacted:  # keyed compaction: removed messages lose their ordinals
-            for start, end in record.removed if record.uid in self.indexes else ():
-                self.indexes[record.uid].remove_range(start, end)
+            if record.uid in self.indexes:
+                self.indexes[record.uid].remove_ranges(record.removed)
         elif type(record) is BucketErased:
             for gone in [u for u in self.indexes if u not in state.streams]:
                 self._forget(gone)

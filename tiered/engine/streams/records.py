@@ -297,6 +297,36 @@ class ColdHolesReleased(_Record, frozen=True, tag="cold.holes-release.v1"):
     ranges: tuple[CopyRange, ...]
 
 
+class AppendKeyed(_Record, frozen=True, tag="append.keyed.v1"):
+    """The ``Appended`` just before it, to the header-keyed stream ``uid``, carries ``Stream-Key`` ``key``
+    (``header_keys``): journaled right after it in the same batch (an append's data must end its record,
+    so the key cannot follow it there). ``tombstone``: an empty append deleting ``key``."""
+
+    uid: int
+    start: int
+    end: int
+    key: str
+    tombstone: bool
+    ts_ms: int
+
+
+class KeyIndexCommitted(_Record, frozen=True, tag="stream.key-index.v1"):
+    """The compactor wrote header-keyed stream ``uid``'s key index to the cold object ``key`` (uploaded
+    after its ``ColdCopyStarted`` intent): it covers every keyed append below ``covers_to``. Journaled
+    right after the pass's ``StreamCompacted`` (holes first: a crash between the two leaves holes the
+    next pass finds again, never an index that hides an unremoved superseded append)."""
+
+    uid: int
+    key: str
+    size: int
+    crc32c: int
+    footer_length: int
+    covers_to: int
+    keys: int
+    folded: int  # how many of the stream's pending keyed appends (from the first) the index now covers
+    ts_ms: int
+
+
 StreamRecord = (
     BucketCreated
     | StreamCreated
@@ -321,4 +351,6 @@ StreamRecord = (
     | StreamCompacted
     | StreamKeyed
     | ColdHolesReleased
+    | AppendKeyed
+    | KeyIndexCommitted
 )

@@ -19,8 +19,25 @@ from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.ids import format_offset
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.engine.journal.committer import Committer
-from tiered.engine.streams import appends, conditions, keyed, lifecycle, listing, ordinals
-from tiered.engine.streams.model import AppendRequest, CreateRequest, Duplicate, ForkRequest, Stream
+from tiered.engine.streams import (
+    appends,
+    conditions,
+    header_keys,
+    key_index_file,
+    key_reads,
+    keyed,
+    lifecycle,
+    listing,
+    ordinals,
+)
+from tiered.engine.streams.model import (
+    AppendRequest,
+    CreateRequest,
+    Duplicate,
+    ForkRequest,
+    KeyedAppend,
+    Stream,
+)
 from tiered.engine.streams.producers import ProducerChange
 from tiered.engine.streams.reader import StreamReader
 from tiered.engine.streams.records import StreamCreated, StreamKeyed
@@ -105,6 +122,7 @@ class StreamService:
         self.remote_forks = remote_forks
         # Producer states appends dropped, by reason ("expired", "cap"): tiered_producer_states_dropped_total.
         self.producer_states_dropped = {"expired": 0, "cap": 0}
+        self.key_footers = key_index_file.FooterCache()  # issue 21: key index footers (immutable objects)
         self._cap_logged_ms: int | None = None  # the last eviction log line (one a minute at most)
 
     def begin_shutdown(self) -> None:
@@ -281,9 +299,12 @@ class StreamService:
     ) -> tuple[bool, Stream]:
         if req.data and content_type is not None and is_json(content_type):
             req = replace(req, data=encode_json_messages(req.data, allow_empty_array=True))
-        keyed.check_key_config(req.compaction_key, content_type is not None and is_json(content_type))
-        if req.compaction_key is not None and req.data:
-            keyed.check_messages(req.compaction_key, req.data)
+        if req.compaction_key == header_keys.HEADER_MODE:  # keys from each append's Stream-Key (issue 21)
+            header_keys.check_create(req.compaction_key, bool(req.data), req.fork is not None)
+        else:
+            keyed.check_key_config(req.compaction_key, content_type is not None and is_json(content_type))
+            if req.compaction_key is not None and req.data:
+                keyed.check_messages(req.compaction_key, req.data)
         base = req.fork.copy.base if req.fork is not None and req.fork.copy is not None else b""
         self.check_hot_capacity(len(req.data) + len(base))
         await self.committer.admit()
@@ -330,8 +351,10 @@ class StreamService:
                     and is_json(req.content_type)
                 ):
                     req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
-                if s.compaction_key is not None and req.data:  # every message has its key (``keyed``)
-                    keyed.check_messages(s.compaction_key, req.data)
+                if req.key is not None or s.compaction_key is not None:  # keyed streams (issue 21)
+                    header_keys.check_append(s, req)
+                    if req.data and not header_keys.is_header_keyed(s):  # a pointer's: every message
+                        keyed.check_messages(s.compaction_key or "", req.data)  # has its key (``keyed``)
                 self.check_hot_capacity(len(req.data))
                 decided = appends.check_append(s, req, self.clock.now_ms(), self.state.producer_limits)
                 change = None
@@ -357,7 +380,10 @@ class StreamService:
             assert change is not None
             if change.expired or change.evicted:
                 self._count_dropped(s, change)
-            future = self.committer.commit_nowait([decided])
+            keyed_record = header_keys.keyed_record(req, decided) if req.key is not None else None
+            future = self.committer.commit_nowait(
+                [decided] if keyed_record is None else [decided, keyed_record]
+            )
             tail, closed = s.tail, s.closed
             await self.committer.durable(future)
             # After durability: a flush pass only takes durable data.
@@ -414,6 +440,18 @@ class StreamService:
             self.committer.commit_nowait([record])
 
     # ------------------------------------------------------------- reads
+
+    async def read_key(self, s: Stream, key: str) -> tuple[KeyedAppend, bytes]:
+        """``?key=K`` of a stream keyed by header: the newest append of ``key`` and its bytes (``key_reads``)."""
+        return await key_reads.newest_by_header(
+            lambda a, b: self.read(s, a, b), self.reader, self.key_footers, s, key
+        )
+
+    async def read_pointer_key(self, s: Stream, tail: int, key: str) -> tuple[int, bytes]:
+        """``?key=K`` of a stream keyed by a JSON pointer (``key``: canonical, ``keyed.parse_key_query``)."""
+        return await key_reads.newest_by_pointer(
+            lambda a, b: self.read(s, a, b), self.reader, self.key_footers, s, tail, key
+        )
 
     def lookup(self, bucket: str, path: str) -> Stream:
         return self.state.lookup(bucket, path, self.clock.now_ms())

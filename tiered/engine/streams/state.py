@@ -26,6 +26,7 @@ from tiered.core.ids import DEFAULT_BUCKET
 from tiered.engine.streams import (
     appends,
     cold_refs,
+    header_keys,
     keyed,
     lifecycle,
     payloads,
@@ -48,6 +49,7 @@ from tiered.engine.streams.model import (
 from tiered.engine.streams.producers import ProducerLimits
 from tiered.engine.streams.records import (
     Appended,
+    AppendKeyed,
     BucketCreated,
     BucketErased,
     ColdCopyAborted,
@@ -58,6 +60,7 @@ from tiered.engine.streams.records import (
     ColdHolesReleased,
     ColdRewriteCommitted,
     HotTrimmed,
+    KeyIndexCommitted,
     PayloadAppended,
     ProducersExpired,
     RetentionAdvanced,
@@ -252,4 +255,6 @@ _APPLY: dict[type, Callable[[StreamState, Any, Location | None], None]] = {
     StreamCompacted: lambda st, r, _: keyed.apply_compacted(st, r),  # keyed compaction (issue 21)
     StreamKeyed: lambda st, r, _: keyed.apply_keyed(st, r),
     ColdHolesReleased: lambda st, r, _: rewrites.apply_holes_released(st, r),  # physical compaction
+    AppendKeyed: lambda st, r, _: header_keys.apply_append_keyed(st, r),  # keys by header (issue 21)
+    KeyIndexCommitted: lambda st, r, _: header_keys.apply_index_committed(st, r),
 }

@@ -35,6 +35,10 @@ ALLOWED_HEADERS = ", ".join(
         # Issue 22: conditional appends.
         "Stream-Expected-Offset",
         "Stream-Record-Match",
+        # Issue 21: keyed streams (tiered/engine/streams/header_keys.py).
+        "Stream-Compaction-Key",
+        "Stream-Key",
+        "Stream-Key-Tombstone",
     ]
 )
 _PREFLIGHT = {

@@ -37,6 +37,7 @@ EXPOSED_HEADERS = ", ".join(
         "Stream-High-Water-Mark",
         "Stream-Compaction-Key",
         "Stream-Key-Offset",
+        "Stream-Key",
     ]
 )
 SECURITY_HEADERS = {
