@@ -296,10 +296,12 @@ class SimulatedCrash(Exception):
 
 
 class StepStore(ControlledStore):
-    """Runs ``before_put`` / ``after_put`` / ``before_delete`` (once each) around the store's calls."""
+    """Runs ``before_put`` / ``after_put`` / ``before_delete`` (once each) around the store's calls;
+    ``hooked`` picks the puts the hooks are for (a test of one writer among several)."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
+        self.hooked: Callable[[str], bool] = lambda key: True
         self.before_put: Callable[[], Awaitable[None]] | None = None
         self.after_put: Callable[[], Awaitable[None]] | None = None
         self.before_delete: Callable[[], Awaitable[None]] | None = None
@@ -307,6 +309,8 @@ class StepStore(ControlledStore):
     async def put(
         self, key: str, data: bytes, *, if_none_match: bool = True, if_match: str | None = None
     ) -> Any:
+        if not self.hooked(key):
+            return await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
         hook, self.before_put = self.before_put, None
         if hook is not None:
             await hook()
