@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -184,15 +185,28 @@ Encoded = tuple[bytes, ChunkIndex, int, list[DroppedSum]]
 # One worker process does the rewrites' decoding and encoding: in a thread they held the GIL in
 # slices long enough to stall the event loop (appends fell to a fifth while a rewrite ran,
 # docs/benchmarks.md). Started on first use ("spawn": the server's threads are not forked), and
-# again after it died.
+# again after it died. It runs at a lower CPU priority (nice +10): on a machine whose cores the
+# appends already use, background work takes what they leave rather than half of a core.
 _pool: ProcessPoolExecutor | None = None
+WORKER_NICENESS = 10
 
 
 def _worker_pool() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        _pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+        )
     return _pool
+
+
+def _lower_priority() -> None:
+    """In the worker process: yield the CPU to the server's own threads (a best effort: where the
+    platform refuses, the worker runs at the server's priority)."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except (AttributeError, OSError):
+        pass
 
 
 async def in_worker(fn: Callable[..., tuple[str, Any]], *args: Any) -> tuple[str, Any]:
