@@ -172,7 +172,7 @@ class ColdFlusher:
         # Read (and checksum) the hot bytes first: a damaged record cuts its piece short.
         # The journal's digest of each hot record (taken here, on the loop that changes them): the
         # object's footer records those, so verify checks the uploaded rows against what was acknowledged.
-        digests = {p.stream.uid: integrity.hot_digests(p.stream) for p in pieces}
+        digests = {p.stream.uid: integrity.hot_records(p.stream) for p in pieces}  # a list copy each
         records, pieces = await asyncio.to_thread(self._load_records, pieces, digests)
         if not pieces:
             return False
@@ -210,9 +210,10 @@ class ColdFlusher:
         return True
 
     def _load_records(
-        self, pieces: list[PieceToCopy], digests: dict[int, dict[tuple[int, int], int]] | None = None
+        self, pieces: list[PieceToCopy], digests: dict[int, list[tuple[int, int, int]]] | None = None
     ) -> tuple[list[ColdRecord], list[PieceToCopy]]:
-        """The records of ``pieces`` (worker thread), each checked against its checksum.
+        """The records of ``pieces`` (worker thread), each checked against its checksum, with its digest
+        from ``digests`` (each stream's ``integrity.hot_records``).
 
         A piece stops before a damaged record; the stream is remembered in
         ``damaged`` so later passes do not try again.
@@ -223,11 +224,11 @@ class ColdFlusher:
         for p in pieces:
             s = p.stream
             loaded: list[ColdRecord] = []
-            known = digests.get(s.uid, {}) if digests is not None else {}
-            for start, length, seg, pos, ts in p.chunks:
+            hot = digests.get(s.uid, []) if digests is not None else []
+            known = integrity.digests_of(hot, ((start, start + length) for start, length, *_ in p.chunks))
+            for (start, length, seg, pos, ts), digest in zip(p.chunks, known, strict=True):
                 try:
                     data = read(seg, pos, length)
-                    digest = known.get((start, start + length))
                     loaded.append(
                         ColdRecord(s.bucket, s.path, start, start + length, ts, data, s.incarnation, digest)
                     )
