@@ -137,7 +137,11 @@ AUTH_SCENARIO = [
     Call("POST", "/v1/stream/missing", {"Content-Type": OCTET, "X-Request-Id": "om"}, b"x", "other"),  # 404
     Call("POST", "/v1/stream/s", {"Content-Type": OCTET, "X-Request-Id": "pf"}, b"x", "prefixed"),  # 404
     Call(
-        "POST", "/v1/buckets/bkt2/stream/t", {"Content-Type": "text/plain", "X-Request-Id": "o2"}, b"y", "other"
+        "POST",
+        "/v1/buckets/bkt2/stream/t",
+        {"Content-Type": "text/plain", "X-Request-Id": "o2"},
+        b"y",
+        "other",
     ),
     Call(
         "POST",
