@@ -49,8 +49,8 @@ def wrk(port: int, seconds: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """User + system CPU seconds of each of a process's threads, summed by thread name (``comm``, digits
-    dropped: granian's worker threads, the journal's, the event loop's ``python``...)."""
+    """User and system CPU seconds of each of a process's threads: ``main user``, ``main sys`` (the event
+    loop's thread) and the other threads by id (granian's runtime, the journal's fsync thread, executors)."""
     out: dict[str, float] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -59,12 +59,27 @@ def thread_cpu(pid: int) -> dict[str, float]:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                comm, _, rest = f.read().partition(" (")[2].rpartition(")")
+                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        fields = rest.split()
-        name = comm.rstrip("0123456789_-") or comm
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+        name = "main" if int(tid) == pid else tid
+        out[f"{name} user"] = int(fields[11]) / TICK
+        out[f"{name} sys"] = int(fields[12]) / TICK
+    return out
+
+
+def by_thread(before: dict[str, float], after: dict[str, float], appends: float) -> dict[str, float]:
+    """µs per append of the main thread (user, sys) and of the other threads (user, sys), summed."""
+    used = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    out = {
+        "thread main user us": 0.0,
+        "thread main sys us": 0.0,
+        "thread other user us": 0.0,
+        "thread other sys us": 0.0,
+    }
+    for key, seconds in used.items():
+        name, kind = key.rsplit(" ", 1)
+        out[f"thread {'main' if name == 'main' else 'other'} {kind} us"] += 1e6 * seconds / max(appends, 1.0)
     return out
 
 
@@ -87,9 +102,7 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
                 res = wrk(port, args.seconds, args)
                 wall = time.monotonic() - t0
                 cpu = cpu_s(proc.pid) - before
-                threads = {
-                    name: used - threads_before.get(name, 0.0) for name, used in thread_cpu(proc.pid).items()
-                }
+                threads_after = thread_cpu(proc.pid)
             finally:
                 proc.terminate()
                 try:
@@ -98,7 +111,7 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
                     proc.kill()
                     proc.wait()
     ok = float(res.get("ok", res.get("ok_total", 0)) or (res["requests"] - res.get("non2xx_total", 0)))
-    per_thread = {f"thread {name} us": 1e6 * used / max(ok, 1.0) for name, used in sorted(threads.items())}
+    per_thread = by_thread(threads_before, threads_after, ok)
     return {
         "appends": ok,
         "cpu_s": cpu,

@@ -566,7 +566,10 @@ def check_stream_headers(headers: Mapping[str, str]) -> None:
     The route table's stream handlers and the append route's fused path (``tiered.api.append_path``) both
     run it.
     """
-    values = {name: headers.get(name) for name in _TEXT_HEADERS}  # each looked up once, for both checks
+    # Each looked up once, for both checks (in a loop: a comprehension is a call of its own).
+    values: dict[str, str | None] = {}
+    for name in _TEXT_HEADERS:
+        values[name] = headers.get(name)
     if not any(values.values()):
         return  # none sent (an empty value is clean and within every limit)
     check_value_lengths(values)

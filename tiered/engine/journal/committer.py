@@ -72,8 +72,10 @@ class Committer:
         """``admit`` without waiting: True when it would return at once (raises as it would), False when
         the caller must ``await admit()`` (the pending batch is full). The append path asks this first, so
         the usual append does not step through one more coroutine."""
-        self.check_writable()
-        return not self.journal.backlogged
+        journal = self.journal
+        if journal.failed is not None:
+            self.check_writable()  # raises
+        return not journal.backlogged
 
     def commit_nowait(self, records: Sequence[Any]) -> asyncio.Future[None] | None:
         """Journal and apply records; returns the durability future of the last (no await here)."""
