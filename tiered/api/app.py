@@ -9,6 +9,10 @@ request metrics and the access log), security headers
 auth (who may do what: ``tiered.api.kit.middleware.auth``), usage (each admitted request
 counted in its bucket, live readers held to their quota).
 
+A single server's appends (the table's append rows) take the fused path
+(``tiered.api.append_path``): the same steps, each layer's own function, from
+one coroutine; every other request takes the chain.
+
 In cluster mode (``tiered/cluster/handler.py``) the same outer layers wrap
 shard routing (``tiered/cluster/gateway/shard_router.py``), which hands each
 request to its shard's engine chain (``engine_chain``: auth, usage, router),
