@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from compare import wait_ready  # noqa: E402
-from workers import cpu_s, free_port, http  # noqa: E402
+from workers import TICK, cpu_s, free_port, http  # noqa: E402
 
 
 def wrk(port: int, seconds: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -45,6 +46,41 @@ def wrk(port: int, seconds: int, args: argparse.Namespace) -> dict[str, Any]:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
     line = next(x for x in out.splitlines() if x.startswith("BENCH_RESULT "))
     return dict(json.loads(line[len("BENCH_RESULT ") :]))
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """User and system CPU seconds of each of a process's threads: ``main user``, ``main sys`` (the event
+    loop's thread) and the other threads by id (granian's runtime, the journal's fsync thread, executors)."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = "main" if int(tid) == pid else tid
+        out[f"{name} user"] = int(fields[11]) / TICK
+        out[f"{name} sys"] = int(fields[12]) / TICK
+    return out
+
+
+def by_thread(before: dict[str, float], after: dict[str, float], appends: float) -> dict[str, float]:
+    """µs per append of the main thread (user, sys) and of the other threads (user, sys), summed."""
+    used = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    out = {
+        "thread main user us": 0.0,
+        "thread main sys us": 0.0,
+        "thread other user us": 0.0,
+        "thread other sys us": 0.0,
+    }
+    for key, seconds in used.items():
+        name, kind = key.rsplit(" ", 1)
+        out[f"thread {'main' if name == 'main' else 'other'} {kind} us"] += 1e6 * seconds / max(appends, 1.0)
+    return out
 
 
 def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
@@ -61,11 +97,12 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
                     status, _ = http("PUT", f"http://127.0.0.1:{port}/v1/stream/cpu-{i}")
                     assert status in (200, 201), status
                 wrk(port, 2, args)  # warm-up
-                before = cpu_s(proc.pid)
+                before, threads_before = cpu_s(proc.pid), thread_cpu(proc.pid)
                 t0 = time.monotonic()
                 res = wrk(port, args.seconds, args)
                 wall = time.monotonic() - t0
                 cpu = cpu_s(proc.pid) - before
+                threads_after = thread_cpu(proc.pid)
             finally:
                 proc.terminate()
                 try:
@@ -74,12 +111,14 @@ def one_round(cmd: str, args: argparse.Namespace) -> dict[str, float]:
                     proc.kill()
                     proc.wait()
     ok = float(res.get("ok", res.get("ok_total", 0)) or (res["requests"] - res.get("non2xx_total", 0)))
+    per_thread = by_thread(threads_before, threads_after, ok)
     return {
         "appends": ok,
         "cpu_s": cpu,
         "cpu_us_per_append": 1e6 * cpu / max(ok, 1.0),
         "appends_per_s": ok / wall,
-    }
+        "p99_ms": float(res.get("latency_us", {}).get("percentiles", {}).get("99", 0)) / 1000,
+    } | per_thread
 
 
 def main() -> int:
@@ -93,6 +132,9 @@ def main() -> int:
     ap.add_argument(
         "--null", action="store_true", help="add bench/null_server.py (granian): the stack's floor"
     )
+    ap.add_argument(
+        "--threads", action="store_true", help="print the CPU per append of each thread (by name)"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     builds = [b.split("=", 1) for b in args.build] or [["tiered", f"{sys.executable} -m tiered.cli serve"]]
@@ -104,13 +146,21 @@ def main() -> int:
             rows[label].append(one_round(cmd, args))
     out = {}
     for label, runs in rows.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        keys = {k for r in runs for k in r}
+        med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in sorted(keys)}
         rounds = ", ".join(f"{r['cpu_us_per_append']:.1f}" for r in runs)
         out[label] = {"median": med, "rounds": runs}
         print(
             f"{label:>12}: {med['cpu_us_per_append']:7.1f} µs CPU/append  {med['appends_per_s']:8.0f} appends/s"
             f"  (rounds: {rounds})"
         )
+        if args.threads:
+            by_thread = "  ".join(
+                f"{k[len('thread ') : -len(' us')]} {v:.1f}"
+                for k, v in med.items()
+                if k.startswith("thread ")
+            )
+            print(f"{'':>12}  µs per append by thread: {by_thread}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -108,6 +108,29 @@ def summarize(raw: Path) -> dict[str, float]:
     }
 
 
+def top_frames(raw: Path, n: int) -> dict[str, list[tuple[str, float]]]:
+    """The ``n`` frames with the most samples, as a leaf (self) and anywhere in the stack (inclusive), in %."""
+    leaf: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n_text = line.rpartition(" ")
+        if not n_text.isdigit():
+            continue
+        count = int(n_text)
+        total += count
+        frames = [f for f in stack.split(";") if f]
+        if frames:
+            leaf[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    share = 100.0 / max(total, 1)
+    return {
+        "self": [(f, round(c * share, 2)) for f, c in leaf.most_common(n)],
+        "inclusive": [(f, round(c * share, 2)) for f, c in inclusive.most_common(n)],
+    }
+
+
 def wrk(port: int, seconds: int, authorization: str = "") -> str:
     script = HERE / "wrk" / "append.lua"
     argv = ["wrk", "-t1", "-c64", f"-d{seconds}s", "--latency", "-s", str(script)]
@@ -132,6 +155,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--auth", action="store_true", help="serve with --auth tokens; wrk sends a write token")
     ap.add_argument("--keep-raw", type=Path, help="copy the py-spy raw file here")
+    ap.add_argument("--top", type=int, default=0, help="also list the N busiest frames (self and inclusive)")
     args = ap.parse_args()
     for tool in ("wrk", "py-spy"):
         if not shutil.which(tool):
@@ -182,13 +206,17 @@ def main() -> int:
             out = wrk(port, args.seconds, authorization)
             spy.wait(timeout=args.seconds + 30)
             shares = summarize(raw)
+            top = top_frames(raw, args.top) if args.top else None
             if args.keep_raw:
                 shutil.copy(raw, args.keep_raw)
         finally:
             stop_process_group(proc)
             log.close()
     rps = next((line.split()[-1] for line in out.splitlines() if line.startswith("Requests/sec")), "?")
-    print(json.dumps({"label": args.label, "requests_per_s": rps, "shares_percent": shares}, indent=1))
+    result: dict[str, object] = {"label": args.label, "requests_per_s": rps, "shares_percent": shares}
+    if top is not None:
+        result["top_frames_percent"] = top
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -82,7 +82,10 @@ class WriteBatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(p.data) for p in self.parts)
+        parts = self.parts
+        if len(parts) == 1:  # the usual batch (one segment): asked on every append (backpressure)
+            return len(parts[0].data)
+        return sum(len(p.data) for p in parts)
 
 
 class SegmentLog:

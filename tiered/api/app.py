@@ -9,6 +9,10 @@ request metrics and the access log), security headers
 auth (who may do what: ``tiered.api.kit.middleware.auth``), usage (each admitted request
 counted in its bucket, live readers held to their quota).
 
+A single server's appends (the table's append rows) take the fused path
+(``tiered.api.append_path``): the same steps, each layer's own function, from
+one coroutine; every other request takes the chain.
+
 In cluster mode (``tiered/cluster/handler.py``) the same outer layers wrap
 shard routing (``tiered/cluster/gateway/shard_router.py``), which hands each
 request to its shard's engine chain (``engine_chain``: auth, usage, router),
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tiered.api.access import AccessMap
+from tiered.api.append_path import AppendPath
 from tiered.api.kit.errors import map_errors
 from tiered.api.kit.middleware.access_log import AccessLog
 from tiered.api.kit.middleware.admin_auth import AdminGuard
@@ -53,18 +58,37 @@ def access_log(config: Config, monotonic: Callable[[], float]) -> AccessLog | No
     return None if config.access_log == "off" else AccessLog(config.access_log, monotonic)
 
 
-def build_handler(engine: Engine) -> Handler:
-    """A single server: one engine's routes behind the whole chain; ``/metrics`` adds the request counts."""
+def build_handler(engine: Engine, *, fused: bool = True) -> Handler:
+    """A single server: one engine's routes behind the whole chain; ``/metrics`` adds the request counts.
+
+    ``fused``: appends take the fused path (``tiered.api.append_path``: the same steps in one frame);
+    False serves them through the chain like every other request (what the fused path is tested against).
+    """
     exposition_parts: list[Callable[[], bytes]] = [engine.metrics.exposition]
 
     def exposition() -> bytes:
         return b"".join(part() for part in exposition_parts)
 
-    router = build_router(engine, exposition)
+    features = build_features(engine, exposition)
+    router = TableRouter(bind(features, AdminGuard.from_config(engine.config)))
     counts = RequestCounts(router.label)  # auth refusals never reach the router: it labels them anyway
     exposition_parts.append(counts.exposition)
-    chain = security_headers(cors_preflight(map_errors(_guarded(engine, router))))
-    return request_ids(chain, metrics=counts, access_log=access_log(engine.config, engine.clock.monotonic))
+    access = _access_map(engine)
+    chain = security_headers(cors_preflight(map_errors(_guarded(engine, router, access))))
+    log = access_log(engine.config, engine.clock.monotonic)
+    general = request_ids(chain, metrics=counts, access_log=log)
+    if not fused:
+        return general
+    return AppendPath(
+        general,
+        features.streams,
+        auth=engine.auth,
+        access=access,
+        counter=engine.tenants.counter,
+        exists=engine.state.buckets.__contains__,
+        metrics=counts,
+        access_log=log,
+    )
 
 
 def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter:
@@ -73,8 +97,13 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
     Each feature's handlers, bound to their rows of ``tiered.api.table``; the
     operator's routes behind the admin guard.
     """
+    return TableRouter(bind(build_features(engine, exposition), AdminGuard.from_config(engine.config)))
+
+
+def build_features(engine: Engine, exposition: Callable[[], bytes]) -> Features:
+    """One engine's route handlers, by feature (what the route table's rows bind)."""
     c = engine.config
-    features = Features(
+    return Features(
         streams=StreamRoutes(
             engine.streams,
             engine.clock,
@@ -100,19 +129,22 @@ def build_router(engine: Engine, exposition: Callable[[], bytes]) -> TableRouter
         auth=AuthRoutes(engine.auth),
         tenants=TenantRoutes(engine.tenants),
     )
-    return TableRouter(bind(features, AdminGuard.from_config(c)))
 
 
 def engine_chain(engine: Engine) -> Handler:
     """Cluster mode: one shard's engine, its routes behind its auth and usage middleware (errors unmapped:
     the node's outer chain maps them, once)."""
-    return _guarded(engine, build_router(engine, engine.metrics.exposition))
+    return _guarded(engine, build_router(engine, engine.metrics.exposition), _access_map(engine))
 
 
-def _guarded(engine: Engine, router: Handler) -> Handler:
-    """One engine's routes behind its auth and usage middleware."""
+def _access_map(engine: Engine) -> AccessMap:
+    """What a request to one engine touches and needs (a group's bucket from its groups)."""
     groups = engine.groups.groups
-    access = AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
+    return AccessMap(lambda name: g.spec.bucket if (g := groups.groups.get(name)) is not None else None)
+
+
+def _guarded(engine: Engine, router: Handler, access: AccessMap) -> Handler:
+    """One engine's routes behind its auth and usage middleware."""
     buckets = engine.state.buckets
     counted = usage_middleware(engine.tenants.counter, engine.gate, buckets.__contains__)(router)
     return auth_middleware(engine.auth, access)(counted)

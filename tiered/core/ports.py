@@ -21,7 +21,8 @@ class Committer(Protocol):
 
 class HotReader(Protocol):
     def read(self, seg: int, pos: int, length: int) -> bytes:
-        """Bytes of a hot record, checksum-checked (blocking; callable from a worker thread)."""
+        """Bytes of a hot record, or of a run of written records, checksum-checked (blocking; callable from a
+        worker thread)."""
         ...
 
 

@@ -158,7 +158,15 @@ def map_errors(handler: Handler) -> Handler:
         except ClientDisconnected:
             raise  # nobody to answer: not a bug (``tiered.api.kit.middleware.request_id`` counts it)
         except Exception:
-            log.exception("internal error handling %s %s", request.method, request.path[:200])
-            return error_response(TieredError(C.INTERNAL_ERROR, "internal error"))
+            return internal_error(request)
 
     return mapped
+
+
+def internal_error(request: Request) -> Response:
+    """The answer to an exception that is not a ``TieredError`` (a bug): logged with its traceback, 500.
+
+    Call it from an ``except`` block (this module's middleware, the fused append path).
+    """
+    log.exception("internal error handling %s %s", request.method, request.path[:200])
+    return error_response(TieredError(C.INTERNAL_ERROR, "internal error"))

@@ -1,7 +1,7 @@
 """Serving the service's HTTP handler with granian (RSGI), in the service's own event loop.
 
 granian's Rust runtime parses HTTP/1.1 and HTTP/2 and terminates TLS; each
-request is handed to ``_serve`` as a coroutine on our asyncio loop, so the
+request is handed to ``_App.__rsgi__`` as a coroutine on our asyncio loop, so the
 journal, the flusher, GC and deliveries share the loop with request handlers,
 as they do under aiohttp. Measured here, the same handler serves appends
 faster through granian than through aiohttp (``docs/benchmarks.md``).
@@ -29,9 +29,10 @@ limit applies (413 after reading it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ class RsgiHeaders(Mapping[str, str]):
         return len(self._raw.keys())
 
 
-#: A request still running after this long starts watching for its client to leave.
+#: A request still running after this long (up to twice as long) starts watching for its client to leave.
 WATCH_AFTER_S = 0.05
 
 
@@ -127,6 +128,47 @@ class _DisconnectWatch:
             self._future.cancel()
 
 
+class _SlowRequests:
+    """Which requests watch for their client to leave: those still running after ``WATCH_AFTER_S``.
+
+    Most requests finish long before that, so none of them should pay for a watcher, nor for a timer
+    of its own (an event-loop timer per request cost an append about as much as a middleware layer).
+    One timer ticks every ``WATCH_AFTER_S`` while requests run: a request that has seen a whole tick
+    (it ran 50 to 100 ms) gets its ``_DisconnectWatch``. A request costs a dict entry in and out.
+    """
+
+    __slots__ = ("_young", "_old", "_watching", "_timer")
+
+    def __init__(self) -> None:
+        self._young: dict[asyncio.Task[Any], Any] = {}  # task -> proto, started since the last tick
+        self._old: dict[asyncio.Task[Any], Any] = {}  # started before the last tick
+        self._watching: dict[asyncio.Task[Any], _DisconnectWatch] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self, task: asyncio.Task[Any], proto: Any) -> None:
+        self._young[task] = proto
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._tick)
+
+    def client_left(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` was cancelled because its client left (not by the server)."""
+        watch = self._watching.get(task)
+        return watch is not None and watch.client_left
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        if self._young.pop(task, None) is None and self._old.pop(task, None) is None:
+            watch = self._watching.pop(task, None)
+            if watch is not None:
+                watch.stop()
+
+    def _tick(self) -> None:
+        for task, proto in self._old.items():
+            watch = self._watching[task] = _DisconnectWatch(proto, task)
+            watch.start()
+        self._old, self._young = self._young, {}
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._tick) if self._old else None
+
+
 class _App:
     """The RSGI application object granian calls once per request."""
 
@@ -134,6 +176,7 @@ class _App:
         self._handler = handler
         self._max_body = max_body_bytes
         self._large_max = large_body_max_bytes  # bodies that may stream (``Request.body_stream``); 0: none
+        self._slow = _SlowRequests()
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
@@ -141,52 +184,54 @@ class _App:
             return
         task = asyncio.current_task()
         assert task is not None
-        watch = _DisconnectWatch(proto, task)
-        # Most requests finish long before this: only the ones still running
-        # (long-polls, SSE, appends queued behind a full batch) pay for a watcher.
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
+        # Most requests finish long before it: only the ones still running
+        # (long-polls, SSE, appends queued behind a full batch) get a watcher.
+        slow = self._slow
+        slow.enter(task, proto)
         try:
-            await self._serve(scope, proto)
+            # The request, served in this frame (one coroutine fewer for every request to step through).
+            headers = RsgiHeaders(scope.headers)
+            # Read once: the body reader and the streamer judge the same value.
+            length = headers.get("content-length")
+            host = scope.authority or headers.get("host") or ""
+            request = Request(
+                scope.method,
+                raw_path(scope.path),
+                scope.query_string,
+                headers,
+                self._reader(proto, length, whole=scope.http_version == "2"),
+                scheme=scope.scheme,
+                host=host,
+                stream=_streamer(proto, length, self._large_max),
+            )
+            response = await self._handler(request)
+            body = response.body
+            if isinstance(body, bytes):
+                if body:
+                    proto.response_bytes(response.status, list(response.headers.items()), body)
+                else:
+                    proto.response_empty(response.status, list(response.headers.items()))
+            else:
+                await _stream(proto, response, body, scope.path)
         except ClientDisconnected:
             pass  # nobody to answer (counted by the request-id layer)
         except asyncio.CancelledError:
-            if not watch.client_left:
+            if not slow.client_left(task):
                 raise  # the server itself is being cancelled
         finally:
-            timer.cancel()
-            watch.stop()
+            slow.leave(task)
 
-    async def _serve(self, scope: Any, proto: Any) -> None:
-        headers = RsgiHeaders(scope.headers)
-        whole = scope.http_version == "2"
-        length = headers.get(
-            "content-length"
-        )  # read once: the body reader and the streamer judge the same value
+    def _reader(self, proto: Any, length: str | None, *, whole: bool) -> Callable[[], Awaitable[bytes]]:
+        """How the body is read: whole in one call when its declared length is within the limit (the usual
+        request: no coroutine of ours between ``Request.body`` and granian), else against the limit."""
         max_body = self._max_body
+        if length is not None and length.isdigit() and int(length) <= max_body:
+            return functools.partial(_whole_body, proto)
 
         async def read() -> bytes:
             return await _read_body(proto, length, max_body, whole=whole)
 
-        host = scope.authority or headers.get("host") or ""
-        request = Request(
-            scope.method,
-            raw_path(scope.path),
-            scope.query_string,
-            headers,
-            read,
-            scheme=scope.scheme,
-            host=host,
-            stream=_streamer(proto, length, self._large_max),
-        )
-        response = await self._handler(request)
-        body = response.body
-        if isinstance(body, bytes):
-            if body:
-                proto.response_bytes(response.status, list(response.headers.items()), body)
-            else:
-                proto.response_empty(response.status, list(response.headers.items()))
-            return
-        await _stream(proto, response, body, scope.path)
+        return read
 
 
 def _streamer(proto: Any, length: str | None, limit: int) -> Callable[[], AsyncIterator[bytes]] | None:

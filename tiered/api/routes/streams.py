@@ -17,7 +17,6 @@ in ``protocol``, state rules in the state machine, and errors are
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import replace
 
 from tiered.api.kit.target import StreamAddress
 from tiered.api.kit.target import clean_header as _clean_header
@@ -36,12 +35,19 @@ from tiered.engine.streams.header_keys import parse_key_headers
 from tiered.engine.streams.large_bodies import LargeBodies
 from tiered.engine.streams.locators import LOCATOR_HEADER, LOCATOR_MEDIA_TYPE, build_locator, encode_locator
 from tiered.engine.streams.model import AppendRequest, CreateRequest, ForkRequest, Stream
-from tiered.engine.streams.protocol import check_header_lengths, next_cursor, parse_closed, parse_expires_at
+from tiered.engine.streams.protocol import (
+    HEADER_LIMITS,
+    check_value_lengths,
+    next_cursor,
+    parse_closed,
+    parse_expires_at,
+)
 from tiered.engine.streams.service import StreamService
 
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 # Headers whose values we store or echo: they must be clean UTF-8 text.
 _TEXT_HEADERS = ("Content-Type", "Producer-Id", "Stream-Seq", "Stream-Forked-From", "Stream-Expires-At")
+assert set(_TEXT_HEADERS) == set(HEADER_LIMITS)  # ``check_stream_headers`` looks each up once for both checks
 
 StreamHandler = Callable[[Request, str, str], Awaitable[Response]]
 
@@ -82,12 +88,7 @@ class StreamRoutes:
             target = request.target  # parsed once (and cached per path): what the access check judged
             bucket, path = target.bucket, target.stream
             assert bucket is not None and path is not None
-            headers = request.headers
-            check_header_lengths(headers)  # first: an oversized value costs one comparison
-            for name in _TEXT_HEADERS:
-                value = headers.get(name)
-                if value is not None and not _clean_header(value):
-                    raise bad_request(f"{name} must be printable UTF-8 text")
+            check_stream_headers(request.headers)
             return await handler(request, bucket, path)
 
         return serve
@@ -181,13 +182,26 @@ class StreamRoutes:
             )
             result = await self.large.append(bucket, path, req, size, stream)
         else:
-            # The request is built once, with its body (a frozen dataclass's ``replace`` costs an append ~2 µs).
-            body = await self._append_body(request, close or tombstone, content_type)
+            # The body, read whole (within ``max_body_bytes``) and checked here rather than in a helper
+            # coroutine (one frame fewer for every append); the request is built once, with it.
+            body = await request.body()
+            if not body and not (close or tombstone):
+                raise bad_request("an append needs a body (or Stream-Closed: true to close)")
+            if body:
+                _check_body_type(content_type)
             req = AppendRequest(
-                content_type, body, close, producer, epoch, seq, stream_seq, expected, record_match
+                content_type,
+                body,
+                close,
+                producer,
+                epoch,
+                seq,
+                stream_seq,
+                expected,
+                record_match,
+                key,  # issue 21: a keyed append (``header_keys``)
+                tombstone,
             )
-            if key is not None:  # issue 21: a keyed append (``header_keys``)
-                req = replace(req, key=key, tombstone=tombstone)
             result = await self.service.append(bucket, path, req)
         headers = {"Stream-Next-Offset": format_offset(result.tail)}
         next_record = self.service.record_at(result.stream, result.tail, result.tail)
@@ -201,15 +215,6 @@ class StreamRoutes:
             # 200 says "new data stored"; duplicates and close-only say 204.
             return Response(200 if result.stored else 204, headers)
         return Response(204, headers)
-
-    async def _append_body(self, request: Request, close: bool, content_type: str | None) -> bytes:
-        """The body of an append that goes through the journal (read whole, within ``max_body_bytes``), checked."""
-        body = await request.body()
-        if not body and not close:
-            raise bad_request("an append needs a body (or Stream-Closed: true to close)")
-        if body:
-            _check_body_type(content_type)
-        return body
 
     # ---------------------------------------------------------------- delete, head
 
@@ -571,6 +576,26 @@ async def _wait(
         lease.unwatch(s.uid)
 
 
+def check_stream_headers(headers: Mapping[str, str]) -> None:
+    """What every stream route checks before it serves: stored and echoed headers within their length
+    limits (first: an oversized value costs one comparison), then clean UTF-8 text (400 otherwise).
+
+    The route table's stream handlers and the append route's fused path (``tiered.api.append_path``) both
+    run it.
+    """
+    # Each looked up once, for both checks (in a loop: a comprehension is a call of its own).
+    values: dict[str, str | None] = {}
+    for name in _TEXT_HEADERS:
+        values[name] = headers.get(name)
+    if not any(values.values()):
+        return  # none sent (an empty value is clean and within every limit)
+    check_value_lengths(values)
+    for name in _TEXT_HEADERS:
+        value = values[name]
+        if value is not None and not _clean_header(value):
+            raise bad_request(f"{name} must be printable UTF-8 text")
+
+
 def _expiry(h: Mapping[str, str]) -> tuple[int | None, str | None, int | None]:
     ttl_raw, exp_raw = h.get("Stream-TTL"), h.get("Stream-Expires-At")
     if ttl_raw is not None and exp_raw is not None:
@@ -597,12 +622,10 @@ def _check_body_type(content_type: str | None) -> None:
 
 def _producer(h: Mapping[str, str]) -> tuple[str | None, int, int]:
     pid, epoch_raw, seq_raw = h.get("Producer-Id"), h.get("Producer-Epoch"), h.get("Producer-Seq")
-    present = [v is not None for v in (pid, epoch_raw, seq_raw)]
-    if not any(present):
+    if pid is None and epoch_raw is None and seq_raw is None:
         return None, 0, 0
-    if not all(present):
+    if pid is None or epoch_raw is None or seq_raw is None:
         raise bad_request("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
     if not pid:
         raise bad_request("Producer-Id must not be empty")
-    assert epoch_raw is not None and seq_raw is not None
     return pid, parse_uint(epoch_raw, "Producer-Epoch"), parse_uint(seq_raw, "Producer-Seq")

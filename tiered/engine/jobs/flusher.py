@@ -44,6 +44,11 @@ from tiered.hot.segment import DamagedRecordError, crc32c
 
 log = logging.getLogger(__name__)
 
+#: A flush reads hot records in runs (``ColdFlusher._read_runs``): records at most this far apart share one
+#: read, and one read spans at most ``RUN_BYTES``.
+RUN_GAP_BYTES = 64 * 1024
+RUN_BYTES = 8 * 1024 * 1024
+
 
 class ColdFlusher:
     """Runs flush passes and hot-copy cleanup (``run`` is the background job the node starts)."""
@@ -172,7 +177,7 @@ class ColdFlusher:
         # Read (and checksum) the hot bytes first: a damaged record cuts its piece short.
         # The journal's digest of each hot record (taken here, on the loop that changes them): the
         # object's footer records those, so verify checks the uploaded rows against what was acknowledged.
-        digests = {p.stream.uid: integrity.hot_digests(p.stream) for p in pieces}
+        digests = {p.stream.uid: integrity.hot_records(p.stream) for p in pieces}  # a list copy each
         records, pieces = await asyncio.to_thread(self._load_records, pieces, digests)
         if not pieces:
             return False
@@ -210,24 +215,28 @@ class ColdFlusher:
         return True
 
     def _load_records(
-        self, pieces: list[PieceToCopy], digests: dict[int, dict[tuple[int, int], int]] | None = None
+        self, pieces: list[PieceToCopy], digests: dict[int, list[tuple[int, int, int]]] | None = None
     ) -> tuple[list[ColdRecord], list[PieceToCopy]]:
-        """The records of ``pieces`` (worker thread), each checked against its checksum.
+        """The records of ``pieces`` (worker thread), each checked against its checksum, with its digest
+        from ``digests`` (each stream's ``integrity.hot_records``).
 
         A piece stops before a damaged record; the stream is remembered in
         ``damaged`` so later passes do not try again.
         """
         read = self.hot.read
+        prefetched = self._read_runs(pieces)
         out: list[ColdRecord] = []
         kept: list[PieceToCopy] = []
         for p in pieces:
             s = p.stream
             loaded: list[ColdRecord] = []
-            known = digests.get(s.uid, {}) if digests is not None else {}
-            for start, length, seg, pos, ts in p.chunks:
+            hot = digests.get(s.uid, []) if digests is not None else []
+            known = integrity.digests_of(hot, ((start, start + length) for start, length, *_ in p.chunks))
+            for (start, length, seg, pos, ts), digest in zip(p.chunks, known, strict=True):
                 try:
-                    data = read(seg, pos, length)
-                    digest = known.get((start, start + length))
+                    data = prefetched.get((seg, pos))
+                    if data is None or len(data) != length:
+                        data = read(seg, pos, length)  # not in a run read whole (or damage near it)
                     loaded.append(
                         ColdRecord(s.bucket, s.path, start, start + length, ts, data, s.incarnation, digest)
                     )
@@ -247,6 +256,38 @@ class ColdFlusher:
                 out.extend(loaded)
                 kept.append(PieceToCopy(s, p.start, loaded[-1].end_offset, p.chunks[: len(loaded)]))
         return out, kept
+
+    def _read_runs(self, pieces: list[PieceToCopy]) -> dict[tuple[int, int], bytes]:
+        """The records of ``pieces`` by ``(segment, position)``, read in runs (worker thread).
+
+        Records written close together (the appends of many streams interleave in the log) are read
+        with one ``pread`` per run (gaps under ``RUN_GAP_BYTES``, runs up to ``RUN_BYTES``) rather than
+        one per record, then sliced: a flush pass otherwise pays a system call per appended record.
+        The run's range is checked as a record's is (checksums, damage); a run that meets damage is
+        left out, and its records are read one by one, so a damaged record cuts its piece as before.
+        """
+        wanted = sorted((seg, pos, length) for p in pieces for _, length, seg, pos, _ in p.chunks)
+        out: dict[tuple[int, int], bytes] = {}
+        i, n = 0, len(wanted)
+        while i < n:
+            seg, lo, length = wanted[i]
+            hi, j = lo + length, i + 1
+            while j < n:
+                nseg, npos, nlen = wanted[j]
+                if nseg != seg or npos - hi > RUN_GAP_BYTES or npos + nlen - lo > RUN_BYTES:
+                    break
+                hi = max(hi, npos + nlen)
+                j += 1
+            if j - i > 1:
+                try:
+                    run = self.hot.read(seg, lo, hi - lo)
+                except DamagedRecordError:
+                    run = None
+                if run is not None:
+                    for _, pos, size in wanted[i:j]:
+                        out[(seg, pos)] = run[pos - lo : pos - lo + size]
+            i = j
+        return out
 
     async def release_hot_copies(self) -> None:
         """Trim hot copies that are cold and past retention; delete unreferenced segments."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from tiered.core.errors import ErrorCode, TieredError
@@ -68,18 +68,36 @@ class Committer:
             await self.journal.flushed()
             self.check_writable()
 
+    def admitted(self) -> bool:
+        """``admit`` without waiting: True when it would return at once (raises as it would), False when
+        the caller must ``await admit()`` (the pending batch is full). The append path asks this first, so
+        the usual append does not step through one more coroutine."""
+        journal = self.journal
+        if journal.failed is not None:
+            self.check_writable()  # raises
+        return not journal.backlogged
+
     def commit_nowait(self, records: Sequence[Any]) -> asyncio.Future[None] | None:
         """Journal and apply records; returns the durability future of the last (no await here)."""
         future = None
+        observers = self.observers
         for record in records:
-            tokens = [o.before_apply(record) for o in self.observers]
-            callbacks = [cb for o in self.observers if (cb := o.on_durable(record)) is not None]
+            # Plain loops, not comprehensions: each of those is a function call of its own (this runs
+            # for every record of every append).
+            tokens: list[object] = []
+            for o in observers:
+                tokens.append(o.before_apply(record))
+            callbacks: list[Callable[[], None]] = []
+            for o in observers:
+                cb = o.on_durable(record)
+                if cb is not None:
+                    callbacks.append(cb)
             try:
                 future, location = self.journal.append(record, _chain(callbacks))
             except JournalFailed as exc:
                 raise journal_failed(str(exc)) from None
             self.state.apply(record, location)
-            for observer, token in zip(self.observers, tokens, strict=True):
+            for observer, token in zip(observers, tokens, strict=True):
                 follow_ups = observer.after_apply(record, token)
                 if follow_ups:
                     future = self.commit_nowait(follow_ups)
@@ -101,6 +119,17 @@ class Committer:
             future.result()
         except JournalFailed as exc:
             raise journal_failed(f"write not durable: {exc}") from None
+
+    def durable_wait(self, future: asyncio.Future[None] | None) -> Awaitable[None]:
+        """``durable(future)`` as an awaitable that is no coroutine: the request's own waiter, woken by the
+        batch with its outcome (``JOURNAL_FAILED`` for a failed disk, as ``durable`` raises it). The
+        append path awaits it directly: one coroutine fewer per append, and the same cancellation
+        semantics (a cancelled request cancels its waiter, never the batch)."""
+        if future is None or future.done():
+            return self.durable(future)
+        waiter: asyncio.Future[None] = future.get_loop().create_future()
+        future.add_done_callback(functools.partial(_settle, waiter))
+        return waiter
 
     async def commit(self, records: Sequence[Any]) -> None:
         """Journal, apply and wait for durability (the entry point of background jobs)."""
@@ -126,6 +155,22 @@ class Committer:
 def _wake(waiter: asyncio.Future[None], _batch: asyncio.Future[None]) -> None:
     if not waiter.done():  # cancelled: its request is gone
         waiter.set_result(None)
+
+
+def _settle(waiter: asyncio.Future[None], batch: asyncio.Future[None]) -> None:
+    """Hand a batch's outcome to one request's waiter (``durable_wait``)."""
+    if waiter.done():  # cancelled: its request is gone
+        return
+    if batch.cancelled():
+        waiter.cancel()
+        return
+    exc = batch.exception()
+    if exc is None:
+        waiter.set_result(None)
+    elif isinstance(exc, JournalFailed):
+        waiter.set_exception(journal_failed(f"write not durable: {exc}"))
+    else:
+        waiter.set_exception(exc)
 
 
 def _chain(callbacks: list[Callable[[], None]]) -> Callable[[], None] | None:

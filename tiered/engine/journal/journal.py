@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
 from tiered.core.ports import NOT_RECORDED, LatencyRecorder
 from tiered.engine.journal.snapshot import SnapshotStore
+from tiered.engine.journal.worker import JournalWorker
 from tiered.hot.log import LogPosition, SegmentLog, WriteBatch
 from tiered.hot.segment import FRAME, FRAME_SIZE, is_marker
 
@@ -138,7 +138,7 @@ class Journal(Generic[S]):
         self.failed: BaseException | None = None
         self.read_only = False  # opened for inspection (a dry run): every append is refused
         self.bytes_since_snapshot = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self._worker = JournalWorker("journal")  # writes, syncs, snapshot files, the close: in order
         self._batch_future: asyncio.Future[None] | None = None
         self._inflight: asyncio.Future[None] | None = None
         self._callbacks: list[Callable[[], None]] = []
@@ -257,7 +257,7 @@ class Journal(Generic[S]):
                 if not self.fsync_always and batch.nbytes <= INLINE_WRITE_BYTES:
                     self._write(batch)  # write() only, no sync: cheaper here than a thread round trip
                 else:
-                    await loop.run_in_executor(self._executor, self._write, batch)
+                    await self._worker.run(self._write, batch)
             except Exception as exc:  # disk full, EIO: the state on disk is now unknown
                 log.critical("journal write failed, refusing further writes until restart: %s", exc)
                 self.failed = exc
@@ -283,13 +283,12 @@ class Journal(Generic[S]):
             self.log.sync()
 
     async def _interval_sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._closing:
             await asyncio.sleep(self.fsync_interval_ms / 1000)
             if self._dirty_since_sync:
                 self._dirty_since_sync = False
                 try:
-                    await loop.run_in_executor(self._executor, self._timed_sync)
+                    await self._worker.run(self._timed_sync)
                 except Exception as exc:
                     log.critical("journal fsync failed: %s", exc)
                     self.failed = exc
@@ -303,8 +302,7 @@ class Journal(Generic[S]):
         data = self.snapshots.codec.encode(state, position)  # on the loop: a consistent cut
         self.bytes_since_snapshot = 0
         await self.flushed()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._sync_and_write_snapshot, data, position)
+        await self._worker.run(self._sync_and_write_snapshot, data, position)
 
     def _sync_and_write_snapshot(self, data: bytes, position: LogPosition) -> None:
         self.log.sync()
@@ -323,6 +321,5 @@ class Journal(Generic[S]):
             await self._task
         if self._sync_task is not None:
             self._sync_task.cancel()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.log.close)
-        self._executor.shutdown(wait=True)
+        await self._worker.run(self.log.close)
+        self._worker.shutdown()

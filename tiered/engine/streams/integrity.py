@@ -174,12 +174,26 @@ def note_payload(s: Stream, start: int, size: int, record_hash: bytes) -> None:
     integ.cold[start] = (h, 1, size)
 
 
-def hot_digests(s: Stream) -> dict[tuple[int, int], int]:
-    """The hash of each record not yet cold, by its ``(start, end)`` (empty without digests)."""
+def hot_records(s: Stream) -> list[tuple[int, int, int]]:
+    """A copy of each record not yet cold, ``(start, end, hash)`` in offset order (empty without digests).
+
+    What the flusher takes on the loop (one list copy, no per-record work there) and matches to the
+    records it copies on its worker thread (``digests_of``).
+    """
     integ = s.integrity
-    if integ is None:
-        return {}
-    return {(start, end): h for start, end, h in integ.hot}
+    return [] if integ is None else list(integ.hot)
+
+
+def digests_of(hot: Sequence[tuple[int, int, int]], ranges: Iterable[tuple[int, int]]) -> list[int | None]:
+    """The hash of each record ``(start, end)`` of ``ranges`` (in offset order) in ``hot`` (``hot_records``),
+    None for one it does not hold: one walk over both, as ``note_cold`` walks them."""
+    out: list[int | None] = []
+    i, n = 0, len(hot)
+    for start, end in ranges:
+        while i < n and hot[i][0] < start:
+            i += 1
+        out.append(hot[i][2] if i < n and hot[i][0] == start and hot[i][1] == end else None)
+    return out
 
 
 def note_cold(s: Stream, start: int, end: int) -> None:

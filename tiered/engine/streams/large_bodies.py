@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import msgspec
+from msgspec import structs
 
 from tiered.cold.objects.keys import new_payload_key
 from tiered.cold.objects.payload import BodyLengthMismatch, PayloadDigest, read_payload, upload_payload
@@ -147,11 +147,10 @@ class LargeBodies:
 
     def _decide(self, s: Stream, req: AppendRequest, size: int) -> PayloadAppended | Duplicate:
         """The append rules and quotas for ``s`` now (no ``await``: what they judge is what is committed)."""
+        judged = structs.replace(req, data=_SOME_BODY)
         if header_keys.is_header_keyed(s):  # issue 21: a keyed append goes through the journal whole
-            header_keys.check_append(s, replace(req, data=_SOME_BODY))
-        decided = appends.check_append(
-            s, replace(req, data=_SOME_BODY), self.clock.now_ms(), self.state.producer_limits
-        )
+            header_keys.check_append(s, judged)
+        decided = appends.check_append(s, judged, self.clock.now_ms(), self.state.producer_limits)
         if isinstance(decided, Duplicate):
             return decided
         if req.expected_record is not None:  # ``Stream-Record-Match``: after the append rules, as ``service``

@@ -321,8 +321,10 @@ class CreateRequest:
     compaction_key: str | None = None  # issue 21: ``Stream-Compaction-Key`` (``keyed``)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendRequest:
+class AppendRequest(msgspec.Struct, frozen=True):
+    """One append, as the route parsed it (a frozen Struct: built for every append, at a tenth of a frozen
+    dataclass's cost; ``msgspec.structs.replace`` changes a field)."""
+
     content_type: str | None
     data: bytes
     close: bool

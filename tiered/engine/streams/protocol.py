@@ -52,8 +52,14 @@ def check_header_lengths(headers: Mapping[str, str]) -> None:
     length comparison (a character is at least one UTF-8 byte: only values
     with non-ASCII characters within the limit are encoded to count them).
     """
+    check_value_lengths({name: headers.get(name) for name in HEADER_LIMITS})
+
+
+def check_value_lengths(values: Mapping[str, str | None]) -> None:
+    """``check_header_lengths`` over values already looked up (by name; None: absent), so a caller that
+    checks the same headers for something else looks each up once."""
     for name, limit in HEADER_LIMITS.items():
-        value = headers.get(name)
+        value = values[name]
         if value is None:
             continue
         if len(value) > limit or (

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
+
+import msgspec
+from msgspec import structs
 
 from tiered.core.clock import Clock
 from tiered.core.content import encode_json_messages, is_json
@@ -78,8 +81,9 @@ class RemoteForks(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(msgspec.Struct, frozen=True):
+    """What an append did (a frozen Struct: built for every append)."""
+
     stream: Stream
     tail: int
     closed: bool
@@ -339,8 +343,10 @@ class StreamService:
         """
         started = self.clock.monotonic()  # timed inline: a wrapper coroutine would cost every append
         body_bytes = len(req.data)
+        committer = self.committer
         try:
-            await self.committer.admit()
+            if not committer.admitted():  # the batch is full: wait for it (``admit``)
+                await committer.admit()
             try:
                 s = self.lookup(bucket, path)  # the one lookup of this append
                 if (
@@ -350,7 +356,7 @@ class StreamService:
                     and req.content_type is not None
                     and is_json(req.content_type)
                 ):
-                    req = replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
+                    req = structs.replace(req, data=encode_json_messages(req.data, allow_empty_array=False))
                 if req.key is not None or s.compaction_key is not None:  # keyed streams (issue 21)
                     header_keys.check_append(s, req)
                     if req.data and not header_keys.is_header_keyed(s):  # a pointer's: every message
@@ -380,12 +386,12 @@ class StreamService:
             assert change is not None
             if change.expired or change.evicted:
                 self._count_dropped(s, change)
-            keyed_record = header_keys.keyed_record(req, decided) if req.key is not None else None
-            future = self.committer.commit_nowait(
-                [decided] if keyed_record is None else [decided, keyed_record]
-            )
+            if req.key is None:
+                future = committer.commit_nowait([decided])
+            else:  # issue 21: the append's key journaled right after it (``header_keys``)
+                future = committer.commit_nowait([decided, header_keys.keyed_record(req, decided)])
             tail, closed = s.tail, s.closed
-            await self.committer.durable(future)
+            await committer.durable_wait(future)
             # After durability: a flush pass only takes durable data.
             if self.kick_flush is not None and self.state.hot_bytes >= self.flush_bytes:
                 self.kick_flush()

@@ -89,6 +89,39 @@ def _check_fork(service: AuthService, principal: Principal | None, source: tuple
         raise fork_missing()  # the source is as good as missing to this caller
 
 
+def principal_of(service: AuthService, request: Request, access: Access) -> Principal | None:
+    """Who is calling: a node's signed system call on a stream route (the operator there), or the
+    ``Authorization`` header's credential (None: no header; 401 for one that is not valid)."""
+    call = node_call.current()
+    if call is not None and call.system and system_may(access):
+        return SYSTEM  # a node's own work (signature verified by routing)
+    return service.authenticate(request.headers.get("Authorization"))
+
+
+def admit(
+    service: AuthService, request: Request, access: Access, principal: Principal | None
+) -> Lease | None:
+    """The one scope check of a request whose access is known (a body's bucket resolved): refusals raise.
+
+    Sets ``request.access`` and ``request.auth``; returns the live read's lease on its credential
+    (None: not a live read, or the operator's). Shared by the middleware and the append route's fused
+    path (``tiered.api.append_path``).
+    """
+    request.access = access
+    if access.kind is Kind.ANY:
+        if principal is None:
+            raise unauthenticated()
+    else:
+        _check(service, principal, access)
+        if access.fork is not None:
+            _check_fork(service, principal, access.fork)
+    lease: Lease | None = None
+    if access.live and principal is not None and not principal.operator:
+        lease = service.lease(principal)
+    request.auth = _Caller(principal, service, lease)
+    return lease
+
+
 def auth_middleware(service: AuthService, access_map: AccessMap) -> Middleware:
     def wrap(handler: Handler) -> Handler:
         async def authorized(request: Request) -> Response:
@@ -102,28 +135,12 @@ def auth_middleware(service: AuthService, access_map: AccessMap) -> Middleware:
             if kind is Kind.OPEN or kind is Kind.OPERATOR or kind is Kind.SELF:
                 request.access = access
                 return await handler(request)
-            call = node_call.current()
-            if call is not None and call.system and system_may(access):
-                principal: Principal | None = SYSTEM  # a node's own work (signature verified by routing)
-            else:
-                principal = service.authenticate(request.headers.get("Authorization"))
+            principal = principal_of(service, request, access)
             if kind is Kind.BODY:
                 if principal is None:
                     raise unauthenticated()  # before reading a body for anyone
                 access = await resolve(request, access)
-                kind = access.kind
-            request.access = access
-            if kind is Kind.ANY:
-                if principal is None:
-                    raise unauthenticated()
-            else:
-                _check(service, principal, access)
-                if access.fork is not None:
-                    _check_fork(service, principal, access.fork)
-            lease: Lease | None = None
-            if access.live and principal is not None and not principal.operator:
-                lease = service.lease(principal)
-            request.auth = _Caller(principal, service, lease)
+            lease = admit(service, request, access, principal)
             if lease is None:
                 return await handler(request)
             leases, held = service.leases, lease

@@ -61,6 +61,41 @@ def new_request_id() -> str:
     return _PREFIX + str(next(_counter))
 
 
+def request_id_of(request: Request) -> str:
+    """The request's id (the client's when it is a plain token, else a new one), set for every log line."""
+    request_id = request.headers.get(HEADER)
+    if request_id is None or _VALID.fullmatch(request_id) is None:
+        request_id = new_request_id()
+    REQUEST_ID.set(request_id)
+    return request_id
+
+
+def answered(
+    request: Request,
+    response: Response,
+    request_id: str,
+    started: float,
+    metrics: RequestMetrics | None,
+    access_log: AccessLog | None,
+) -> Response:
+    """An answer on its way out: the id echoed, counted, logged when its status calls for it.
+
+    Shared by this layer and the append route's fused path (``tiered.api.append_path``), so both end
+    every request the same way.
+    """
+    response.headers[HEADER] = request_id
+    if metrics is not None:
+        metrics.count_answer(request, response)
+    if access_log is not None and response.status >= access_log.min_status:
+        access_log.answered(request, response, started)
+    body = response.body
+    if not isinstance(body, bytes):
+        response.body = _Streamed(
+            body, lambda: client_left(request, "response", started, metrics, access_log)
+        )
+    return response
+
+
 def request_ids(
     handler: Handler,
     *,
@@ -68,36 +103,22 @@ def request_ids(
     access_log: AccessLog | None = None,
 ) -> Handler:
     monotonic = access_log.monotonic if access_log is not None else None
-    count_answer = metrics.count_answer if metrics is not None else None
 
     async def with_request_id(request: Request) -> Response:
-        request_id = request.headers.get(HEADER)
-        if request_id is None or _VALID.fullmatch(request_id) is None:
-            request_id = new_request_id()
-        REQUEST_ID.set(request_id)
+        request_id = request_id_of(request)
         started = monotonic() if monotonic is not None else 0.0
         try:
             response = await handler(request)
         except (ClientDisconnected, asyncio.CancelledError):
             # The client left (or, at shutdown, the server cancelled what was still in flight).
-            _client_left(request, "request", started, metrics, access_log)
+            client_left(request, "request", started, metrics, access_log)
             raise
-        response.headers[HEADER] = request_id
-        if count_answer is not None:
-            count_answer(request, response)
-        if access_log is not None and response.status >= access_log.min_status:
-            access_log.answered(request, response, started)
-        body = response.body
-        if not isinstance(body, bytes):
-            response.body = _Streamed(
-                body, lambda: _client_left(request, "response", started, metrics, access_log)
-            )
-        return response
+        return answered(request, response, request_id, started, metrics, access_log)
 
     return with_request_id
 
 
-def _client_left(
+def client_left(
     request: Request,
     phase: str,
     started: float,

@@ -48,12 +48,20 @@ SECURITY_HEADERS = {
 }
 
 
+_SECURITY_ITEMS = tuple(SECURITY_HEADERS.items())
+
+
+def add_security_headers(headers: dict[str, str]) -> None:
+    """The security headers a response does not set itself (this layer's, and the fused append path's)."""
+    for name, value in _SECURITY_ITEMS:
+        if name not in headers:
+            headers[name] = value
+
+
 def security_headers(handler: Handler) -> Handler:
     async def with_headers(request: Request) -> Response:
         response = await handler(request)
-        headers = response.headers
-        for name, value in SECURITY_HEADERS.items():
-            headers.setdefault(name, value)
+        add_security_headers(response.headers)
         return response
 
     return with_headers
