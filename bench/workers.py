@@ -17,6 +17,15 @@ jobs), which is subtracted. Rows:
   every stream and the others only forward; the non-owners' CPU divided by
   the appends they forwarded (``tiered_cluster_forwarded``) is the cost of
   forwarding one append, to compare with the owner's CPU per append.
+* ``direct``: the cost of a forwarded append against a local one on the same
+  node, with nothing left to the kernel's choice: ``--workers 2
+  --worker-shards 1``, and the same append load (a small asyncio HTTP/1.1
+  client in this process, ``--connections`` keep-alive connections) sent
+  straight to one worker's own Unix socket (the socket siblings reach it
+  through, plain HTTP, served by the same handler): first the owner's
+  (``direct-local``: every append local), then the other worker's
+  (``direct-forwarded``: every append forwarded once). Both workers' CPU is
+  counted; the forwarding overhead is (forwarded - local) / local.
 
 Prints a table and, with ``--json``, writes every figure. Loopback only;
 every load run bounded by ``--duration``.
@@ -141,6 +150,124 @@ def wrk(url: str, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     return dict(json.loads(line[len("BENCH_RESULT ") :]))
 
 
+async def _unix_load(
+    path: str, requests: list[bytes], connections: int, duration_s: float
+) -> tuple[int, int, list[float]]:
+    """Keep-alive appends over a Unix socket for ``duration_s``: (2xx answers, others, latencies in s)."""
+    import asyncio
+
+    ok = bad = 0
+    latencies: list[float] = []
+    end = time.monotonic() + duration_s
+
+    async def one(k: int) -> None:
+        nonlocal ok, bad
+        reader, writer = await asyncio.open_unix_connection(path)
+        i = k
+        try:
+            while time.monotonic() < end:
+                started = time.monotonic()
+                writer.write(requests[i % len(requests)])
+                i += connections
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head[9:12])
+                m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if m and int(m.group(1)):
+                    await reader.readexactly(int(m.group(1)))
+                latencies.append(time.monotonic() - started)
+                if 200 <= status < 300:
+                    ok += 1
+                else:
+                    bad += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one(k) for k in range(connections)))
+    return ok, bad, latencies
+
+
+def _appends(prefix: str, streams: int, size: int) -> list[bytes]:
+    body = b"x" * size
+    return [
+        (
+            f"POST /v1/stream/{prefix}{i} HTTP/1.1\r\nHost: bench\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n\r\n"
+        ).encode()
+        + body
+        for i in range(streams)
+    ]
+
+
+def _sockets(node: Node) -> Path:
+    """The workers' socket directory, from a worker's spec (``tiered/cli/worker.py``)."""
+    pid = next(p for name, p in node.pids().items() if name != "main")
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    spec = next(e for e in env if e.startswith(b"TIERED_WORKER_SPEC="))
+    return Path(json.loads(spec.split(b"=", 1)[1])["sockets"])
+
+
+def run_direct(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``direct-local`` and ``direct-forwarded`` on one two-worker, one-shard node (see the docstring)."""
+    import asyncio
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tiered-bench-workers-") as tmp:
+        node = Node(shlex.split(args.cmd), 2, 1, Path(tmp) / "data")
+        try:
+            node.wait_up()
+            prefix = f"bd{int(time.time())}-"
+            for i in range(args.streams):
+                status, body = http("PUT", f"{node.url}/v1/stream/{prefix}{i}")
+                assert status == 201, (status, body)
+            served = node.metric("tiered_cluster_shards_served")
+            owner = max(served, key=lambda w: served[w])
+            other = next(w for w in node.pids() if w not in ("main", owner))
+            sockets = _sockets(node)
+            requests = _appends(prefix, args.streams, args.size)
+            asyncio.run(_unix_load(str(sockets / f"{owner}.sock"), requests, args.connections, 2))  # warm-up
+            before_idle = node.cpu()
+            time.sleep(args.duration)
+            idle = {k: (v - before_idle.get(k, 0.0)) / args.duration for k, v in node.cpu().items()}
+            for label, worker in (("direct-local", owner), ("direct-forwarded", other)):
+                forwarded_before = sum(node.metric("tiered_cluster_forwarded_total").values())
+                before = node.cpu()
+                started = time.monotonic()
+                ok, bad, lat = asyncio.run(
+                    _unix_load(str(sockets / f"{worker}.sock"), requests, args.connections, args.duration)
+                )
+                seconds = time.monotonic() - started
+                after = node.cpu()
+                forwarded = sum(node.metric("tiered_cluster_forwarded_total").values()) - forwarded_before
+                net = {k: max(0.0, after[k] - before.get(k, 0.0) - idle.get(k, 0.0) * seconds) for k in after}
+                lat.sort()
+                per = {k: 1e6 * v / ok for k, v in net.items()} if ok else {}
+                rows.append(
+                    {
+                        "label": label,
+                        "workers": 2,
+                        "shards": 1,
+                        "owner": owner,
+                        "sent_to": worker,
+                        "appends_per_s": ok / seconds,
+                        "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
+                        "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else 0.0,
+                        "non2xx": bad,
+                        "idle_cpu_s_per_s": idle,
+                        "cpu_us_per_append": per,
+                        "cpu_us_per_append_total": sum(per.values()),
+                        "forwarded": {"all": forwarded},
+                        "forwarded_share": forwarded / ok if ok else 0.0,
+                    }
+                )
+        finally:
+            node.stop()
+    local, fwd = rows
+    fwd["overhead_vs_local"] = (fwd["cpu_us_per_append_total"] - local["cpu_us_per_append_total"]) / local[
+        "cpu_us_per_append_total"
+    ]
+    return rows
+
+
 def run_row(label: str, workers: int, shards: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tiered-bench-workers-") as tmp:
         node = Node(shlex.split(args.cmd), workers, shards, Path(tmp) / "data")
@@ -202,7 +329,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--duration", type=int, default=8)
-    parser.add_argument("--rows", default="single,workers-spread,workers-one-shard")
+    parser.add_argument("--rows", default="single,workers-spread,workers-one-shard,direct")
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     plan = {
@@ -210,13 +337,17 @@ def main() -> int:
         "workers-spread": (args.workers, args.worker_shards),
         "workers-one-shard": (args.workers, 1),
     }
-    rows = [run_row(name, *plan[name], args) for name in args.rows.split(",")]
+    rows: list[dict[str, Any]] = []
+    for name in args.rows.split(","):
+        rows += run_direct(args) if name == "direct" else [run_row(name, *plan[name], args)]
     print(
         f"{'row':<20} {'appends/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/append':>14} {'fwd %':>6}  per process"
     )
     for r in rows:
         per = " ".join(f"{k}={v:.0f}" for k, v in sorted(r["cpu_us_per_append"].items()))
         fwd = " ".join(f"{k}={v:.0f}us/fwd" for k, v in sorted(r.get("cpu_us_per_forward", {}).items()))
+        if "overhead_vs_local" in r:
+            fwd += f" overhead vs direct-local {100 * r['overhead_vs_local']:.0f}%"
         print(
             f"{r['label']:<20} {r['appends_per_s']:>10.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['cpu_us_per_append_total']:>14.1f} {100 * r['forwarded_share']:>6.1f}  {per} {fwd}"

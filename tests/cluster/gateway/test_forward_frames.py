@@ -1,0 +1,398 @@
+"""The frames workers forward requests in: the format (pure), and both halves on a real Unix socket.
+
+The owner's half (``FrameServer``) runs a scripted handler; the receiving
+worker's half is the ``Forwarder`` itself (or its ``FrameChannel``), so each
+test sees what a forwarded request looks like to the owner and what comes
+back to the worker the client reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from tiered.api.kit.errors import error_response
+from tiered.api.kit.target import parse_target
+from tiered.api.kit.types import Handler, Request, Response
+from tiered.cluster.gateway.forward import Forwarder, ForwardFailed, unix_url
+from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, frames_socket
+from tiered.cluster.gateway.forward_frames import (
+    ASK,
+    HEAD_SIZE,
+    WHOLE,
+    Ask,
+    FrameError,
+    FrameReader,
+    Said,
+    decode_ask,
+    frame,
+)
+from tiered.cluster.gateway.forward_serve import FrameHeaders, FrameServer
+from tiered.core.logs import REQUEST_ID
+
+MiB = 1024 * 1024
+
+
+# ---------------------------------------------------------------- the format
+
+
+def _ask(path: str = "/v1/stream/a", **headers: str) -> Ask:
+    query = {"offset": "-1"}
+    target = parse_target("GET", path, query, FrameHeaders({}))
+    return Ask("GET", path, "offset=-1", dict(headers), "http", "h:1", "rid-1", target)
+
+
+def test_a_request_frame_round_trips_with_its_parsed_target() -> None:
+    ask = _ask(authorization="Bearer t")
+    reader = FrameReader(max_body=10)
+    [(kind, meta, body)] = reader.feed(frame(ASK, ask, b"0123456789"))
+    assert (kind, body) == (ASK, b"0123456789")
+    got = decode_ask(meta)
+    assert got == ask and got.target == ask.target and got.target is not None
+    assert got.target.family is ask.target.family and got.target.stream == "a"  # type: ignore[union-attr]
+
+
+def test_frames_split_over_reads_and_packed_in_one_are_each_found_whole() -> None:
+    one, two = frame(ASK, _ask(), b"x" * 100), frame(WHOLE, Said(200, {"a": "b"}), b"")
+    reader = FrameReader(max_body=1000)
+    got: list[tuple[int, bytes, bytes]] = []
+    for i in range(len(one)):  # byte by byte: nothing comes out until the frame is whole
+        got += reader.feed(one[i : i + 1])
+        assert len(got) == (1 if i == len(one) - 1 else 0)
+    got += reader.feed(two + one[:5])  # one whole frame, and the start of the next
+    assert [g[0] for g in got] == [ASK, WHOLE] and got[0][2] == b"x" * 100
+    assert reader.pending == 5
+    got = reader.feed(one[5:])
+    assert len(got) == 1 and got[0][2] == b"x" * 100 and reader.pending == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        struct.pack("!BII", 0x00, 0, 0),  # no such kind
+        struct.pack("!BII", ASK, 0, 11),  # a body over the limit
+        struct.pack("!BII", ASK, 2 * MiB, 0),  # a head over the limit
+    ],
+)
+def test_bytes_that_are_not_a_frame_are_refused(raw: bytes) -> None:
+    with pytest.raises(FrameError):
+        FrameReader(max_body=10).feed(raw + b"\0" * 4)
+
+
+def test_a_meta_that_is_not_a_request_is_refused() -> None:
+    with pytest.raises(FrameError):
+        decode_ask(b"\x93\x01\x02\x03")
+
+
+def test_the_frame_socket_sits_beside_the_http_socket() -> None:
+    assert frames_socket("/tmp/x/w1.sock") == "/tmp/x/w1.frames"
+
+
+# ---------------------------------------------------------------- both halves on a socket
+
+
+class Owner:
+    """A frame server with a scripted handler; what it was asked, as the owner saw it."""
+
+    def __init__(self, tmp_path: Path, handler: Handler) -> None:
+        self.http_socket = tmp_path / "w1.sock"  # what the sibling advertises (nothing listens: frames only)
+        self.path = Path(frames_socket(str(self.http_socket)))
+        self.server = FrameServer(handler, max_body_bytes=64 * MiB)
+
+    @property
+    def url(self) -> str:
+        return unix_url(str(self.http_socket))
+
+
+Scenario = Callable[[Owner, Forwarder], Awaitable[None]]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop(request: pytest.FixtureRequest) -> str:
+    """Each scenario on asyncio's own loop and on uvloop's (what workers run: its transports differ)."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop")
+    return str(request.param)
+
+
+def _run(tmp_path: Path, handler: Handler, scenario: Scenario, loop: str = "asyncio") -> None:
+    async def main() -> None:
+        owner = Owner(tmp_path, handler)
+        await owner.server.start(owner.path)
+        forwarder = Forwarder("w0", connect_timeout_s=2, read_timeout_s=10)
+        try:
+            await asyncio.wait_for(scenario(owner, forwarder), 60)
+        finally:
+            await forwarder.close()
+            await owner.server.stop()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
+def _request(method: str, path: str, body: bytes = b"", query: str = "", **headers: str) -> Request:
+    async def read() -> bytes:
+        return body
+
+    lowered = {k.lower().replace("_", "-"): v for k, v in headers.items()}
+    return Request(method, path, query, FrameHeaders(lowered), read, host="node.example:8080")
+
+
+def test_a_forwarded_request_reaches_the_owner_as_the_receiver_parsed_it(tmp_path: Path, loop: str) -> None:
+    seen: list[tuple[Request, bytes, str | None]] = []
+
+    async def handler(request: Request) -> Response:
+        seen.append((request, await request.body(), REQUEST_ID.get()))
+        return Response(201, {"Stream-Next-Offset": "7", "Connection": "close", "Location": "/x"}, b"made")
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        req = _request(
+            "POST",
+            "/v1/buckets/bk1/stream/s%20t",
+            b"\x00payload\xff",
+            "q=1",
+            authorization="Bearer secret-1",
+            producer_id="p",
+            content_type="application/octet-stream",
+            connection="keep-alive",
+            transfer_encoding="chunked",
+        )
+        parsed = req.target
+        REQUEST_ID.set("rid-42")
+        answer = await forwarder.forward(req, owner.url, 3)
+        assert (answer.status, answer.body) == (201, b"made")
+        assert answer.headers == {"Stream-Next-Offset": "7", "Location": "/x"}  # hop-by-hop dropped
+        [(got, body, request_id)] = seen
+        assert body == b"\x00payload\xff" and request_id == "rid-42"
+        assert (got.method, got.path, got.query_string, got.host) == (req.method, req.path, "q=1", req.host)
+        assert got.target == parsed and got.target.bucket == "bk1" and got.target.stream == "s t"
+        assert got.query == {"q": "1"}
+        # the credential the owner authorizes is the one the client sent, under any spelling of its name
+        assert got.headers.get("Authorization") == "Bearer secret-1" == got.headers.get("authorization")
+        assert got.headers.get("Producer-Id") == "p"
+        assert got.headers.get("Tiered-Forwarded-By") == "w0"  # never forwarded again by the owner
+        assert got.headers.get("Connection") is None and got.headers.get("Transfer-Encoding") is None
+        assert forwarder.forwarded == 1
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_the_owner_judges_the_target_it_was_routed_by_and_never_parses_again(
+    tmp_path: Path, loop: str
+) -> None:
+    targets = []
+
+    async def handler(request: Request) -> Response:
+        targets.append(request.target)
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        channel = FrameChannel(str(owner.path), connect_timeout_s=2, read_timeout_s=5, max_body=MiB)
+        routed = parse_target("GET", "/v1/buckets/routed/stream/x", {}, FrameHeaders({}))
+        ask = Ask("GET", "/v1/buckets/other/stream/y", "", {}, "http", "", "", routed)
+        answer = await channel.request(ask, b"")
+        await channel.close()
+        assert answer.status == 204
+        assert targets == [routed]  # the carried value, not a parse of the path beside it
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_large_bodies_travel_byte_exact_both_ways_on_one_reused_connection(tmp_path: Path, loop: str) -> None:
+    big = os.urandom(6 * MiB)
+
+    async def handler(request: Request) -> Response:
+        body = await request.body()
+        return Response(200, {"Content-Type": "application/octet-stream"}, body[::-1])
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        for i in range(3):
+            body = big[i:]
+            answer = await forwarder.forward(_request("POST", "/v1/stream/big", body), owner.url, 0)
+            assert answer.status == 200 and answer.body == body[::-1]
+        assert len(owner.server.connections) == 1  # one persistent connection carried all three
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+async def _collect(body: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in body]
+
+
+def test_an_event_stream_is_passed_on_as_the_owner_writes_it(tmp_path: Path, loop: str) -> None:
+    more = asyncio.Event()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: one\n\n"
+        await more.wait()  # the first event must reach the reader before the second exists
+        yield b"data: two\n\n"
+
+    async def handler(request: Request) -> Response:
+        return Response(200, {"Content-Type": "text/event-stream"}, events())
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        req = _request("GET", "/v1/stream/s", query="offset=-1&live=sse")
+        answer = await forwarder.forward(req, owner.url, 0)
+        assert answer.status == 200 and answer.headers["Content-Type"] == "text/event-stream"
+        assert not isinstance(answer.body, bytes)
+        body = answer.body.__aiter__()
+        assert await body.__anext__() == b"data: one\n\n"
+        more.set()
+        assert await _collect(body) == [b"data: two\n\n"]
+        # the connection is reusable once the stream ended cleanly
+        again = await forwarder.forward(
+            _request("GET", "/v1/stream/s", query="offset=-1&live=sse"), owner.url, 0
+        )
+        more.set()
+        assert not isinstance(again.body, bytes) and len(await _collect(again.body)) == 2
+        assert len(owner.server.connections) == 1
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_stream_that_fails_on_the_owner_reaches_the_reader_cut_not_ended(tmp_path: Path, loop: str) -> None:
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: one\n\n"
+        raise OSError("the disk went away")
+
+    async def handler(request: Request) -> Response:
+        return Response(200, {"Content-Type": "text/event-stream"}, events())
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        answer = await forwarder.forward(_request("GET", "/v1/stream/s", query="live=sse"), owner.url, 0)
+        assert not isinstance(answer.body, bytes)
+        body = answer.body.__aiter__()
+        assert await body.__anext__() == b"data: one\n\n"
+        with pytest.raises(ChannelFailed):
+            await body.__anext__()
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_reader_that_leaves_ends_the_owners_stream(tmp_path: Path, loop: str) -> None:
+    closed = asyncio.Event()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"data: x\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    async def handler(request: Request) -> Response:
+        return Response(200, {"Content-Type": "text/event-stream"}, events())
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        answer = await forwarder.forward(_request("GET", "/v1/stream/s", query="live=sse"), owner.url, 0)
+        assert not isinstance(answer.body, bytes)
+        body = answer.body.__aiter__()
+        assert await body.__anext__() == b"data: x\n\n"
+        await body.aclose()  # type: ignore[attr-defined]
+        await asyncio.wait_for(closed.wait(), 10)
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_client_that_leaves_mid_request_cancels_it_on_the_owner(tmp_path: Path, loop: str) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        started.set()
+        try:
+            await asyncio.sleep(60)  # a long-poll
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        task = asyncio.ensure_future(forwarder.forward(_request("GET", "/v1/stream/s"), owner.url, 0))
+        await asyncio.wait_for(started.wait(), 10)
+        task.cancel()
+        await asyncio.wait_for(cancelled.wait(), 10)
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_an_owner_dying_mid_forward_is_a_503_to_retry(tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        started.set()
+        await asyncio.sleep(60)
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        task = asyncio.ensure_future(forwarder.forward(_request("POST", "/v1/stream/s", b"x"), owner.url, 5))
+        await asyncio.wait_for(started.wait(), 10)
+        await owner.server.stop()  # the owner's connections go, as when its process is killed
+        with pytest.raises(ForwardFailed) as failed:
+            await task
+        assert failed.value.sent  # it may have been applied: a plain write is not resent
+        answer = error_response(failed.value)
+        assert answer.status == 503 and answer.headers.get("Retry-After") == "1"
+        # nothing listens now: "not sent", which the shard router may retry on the next owner
+        with pytest.raises(ForwardFailed) as unreachable:
+            await forwarder.forward(_request("POST", "/v1/stream/s", b"x"), owner.url, 5)
+        assert not unreachable.value.sent
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_request_cut_off_mid_frame_is_never_served(tmp_path: Path, loop: str) -> None:
+    served: list[bytes] = []
+
+    async def handler(request: Request) -> Response:
+        served.append(await request.body())
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        whole = frame(ASK, Ask("POST", "/v1/stream/s", "", {}, "http", "", ""), b"A" * 100_000)
+        _, writer = await asyncio.open_unix_connection(str(owner.path))
+        writer.write(whole[: HEAD_SIZE + 50_000])  # the sender died half way through the body
+        await writer.drain()
+        writer.close()
+        deadline = asyncio.get_running_loop().time() + 10
+        while owner.server.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert not owner.server.connections
+        answer = await forwarder.forward(_request("POST", "/v1/stream/s", b"whole"), owner.url, 0)
+        assert answer.status == 204
+        assert served == [b"whole"]  # the half-sent append never reached the handler
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_header_that_is_not_text_is_forwarded_as_http_instead(tmp_path: Path, loop: str) -> None:
+    async def handler(request: Request) -> Response:
+        raise AssertionError("a frame cannot carry it")
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        req = _request("GET", "/v1/stream/s", x_odd="\udcff")
+        with pytest.raises(ForwardFailed) as failed:  # the HTTP socket: nobody listens in this test
+            await forwarder.forward(req, owner.url, 0)
+        assert not failed.value.sent
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_the_frame_socket_is_open_to_its_user_only(tmp_path: Path, loop: str) -> None:
+    async def handler(request: Request) -> Response:
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        mode = stat.S_IMODE(owner.path.stat().st_mode)
+        assert mode & 0o077 == 0, oct(mode)
+
+    _run(tmp_path, handler, scenario, loop)

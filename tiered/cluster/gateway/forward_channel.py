@@ -1,0 +1,309 @@
+"""A worker's persistent connections to a sibling's frame socket: a forwarded request out, its answer back.
+
+The client half of ``forward_frames.py``: the receiving worker writes one
+``ASK`` frame (head, meta and body in one write) on an idle pooled
+connection and gets the answer as the owner framed it: a whole body, or an
+event stream as ``CHUNK`` frames, passed on as they arrive (the connection
+stops reading while the client's reader is behind, so a slow reader holds the
+owner back rather than this worker's memory). No HTTP is written or parsed on
+either side.
+
+A failure says whether the request may have reached the owner
+(``ChannelFailed.sent``): a connection that could not be opened means it
+did not; one lost after the frame was written means it may have (the
+caller, ``forward.py``, then never resends a write that is not idempotent).
+A caller cancelled while waiting (its client left) closes the connection,
+which cancels the request on the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator
+from typing import cast
+
+from tiered.cluster.gateway.forward_frames import (
+    ASK,
+    CHUNK,
+    CUT,
+    END,
+    HEAD,
+    WHOLE,
+    Ask,
+    FrameError,
+    FrameReader,
+    decode_said,
+    frame_parts,
+)
+
+__all__ = ["Answer", "ChannelFailed", "FrameChannel", "frames_socket"]
+
+log = logging.getLogger(__name__)
+
+#: A streamed answer's bytes held for a slow reader before the connection stops reading.
+_HOLD_BYTES = 256 * 1024
+
+
+def frames_socket(http_socket: str) -> str:
+    """A worker's frame socket, beside the HTTP socket it advertises (``w0.sock`` -> ``w0.frames``)."""
+    base = http_socket[: -len(".sock")] if http_socket.endswith(".sock") else http_socket
+    return base + ".frames"
+
+
+class ChannelFailed(Exception):
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class Answer:
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes | AsyncIterator[bytes]) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+class _Stream:
+    """A streamed answer's body as it arrives; closing it early closes the connection (the owner stops)."""
+
+    __slots__ = ("_conn", "_chunks", "_held", "_waiter", "_end", "_timeout_s")
+
+    def __init__(self, conn: _Conn, timeout_s: float) -> None:
+        self._conn = conn
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._held = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._end: str | None = None  # "end" (clean), or why it was cut
+        self._timeout_s = timeout_s
+
+    def push(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._held += len(chunk)
+        if self._held > _HOLD_BYTES:
+            self._conn.pause()
+        self._wake()
+
+    def finish(self, how: str) -> None:
+        if self._end is None:
+            self._end = how
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._chunks:
+            if self._end is not None:
+                if self._end != "end":
+                    log.info("a forwarded event stream ended early: %s", self._end)
+                    raise ChannelFailed(f"the owner's stream was cut: {self._end}", sent=True)
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, self._timeout_s)
+            except TimeoutError:
+                self._conn.close()
+                self.finish("no data within the read timeout")
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self._held -= len(chunk)
+        if self._held <= _HOLD_BYTES // 2:
+            self._conn.resume()
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._end is None:
+            self._conn.close()  # the reader left: the owner's stream is cancelled
+            self.finish("closed by the reader")
+
+
+class _Conn(asyncio.Protocol):
+    """One connection to the owner's frame socket; carries one request at a time."""
+
+    def __init__(self, channel: FrameChannel, max_body: int) -> None:
+        self.channel = channel
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(max_body)
+        self.answer: asyncio.Future[Answer] | None = None
+        self.stream: _Stream | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timeout_s = 0.0
+        self.lost = False
+        self._paused = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for kind, meta, body in self.reader.feed(data):
+                self._frame(kind, meta, body)
+        except FrameError as exc:
+            log.warning("closing a forwarding connection to %s: %s", self.channel.path, exc)
+            self._fail(f"a malformed answer: {exc}")
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._fail(f"the connection closed ({exc!r})" if exc is not None else "the connection closed")
+
+    def pause_writing(self) -> None:  # a request body larger than the socket buffer: the kernel drains it
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- one request ---------------------------------------------------------------------
+
+    def send(self, parts: list[bytes], timeout_s: float) -> asyncio.Future[Answer]:
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self.answer = answer = loop.create_future()
+        self.timeout_s = timeout_s
+        self.timer = loop.call_later(timeout_s, self._timed_out)
+        if len(parts) == 1:
+            self.transport.write(parts[0])
+        else:
+            self.transport.writelines(parts)
+        return answer
+
+    def _frame(self, kind: int, meta: bytes, body: bytes) -> None:
+        if kind == WHOLE or kind == HEAD:
+            answer = self.answer
+            if answer is None or self.stream is not None:
+                raise FrameError("an answer to no request")
+            said = decode_said(meta)
+            self._stop_timer()
+            self.answer = None
+            if kind == WHOLE:
+                if not answer.done():
+                    answer.set_result(Answer(said.status, said.headers, body))
+                self.channel.release(self)
+                return
+            self.stream = _Stream(self, self.timeout_s)
+            if not answer.done():
+                answer.set_result(Answer(said.status, said.headers, self.stream))
+            return
+        stream = self.stream
+        if stream is None:
+            raise FrameError(f"a stream frame {kind:#x} outside a streamed answer")
+        if kind == CHUNK:
+            stream.push(body)
+        elif kind == END:
+            self.stream = None
+            stream.finish("end")
+            self.channel.release(self)
+        elif kind == CUT:
+            self.stream = None
+            stream.finish("the owner's stream failed")
+            self.close()
+        else:
+            raise FrameError(f"an unexpected frame {kind:#x} in an answer")
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        self._fail(f"no answer within {self.timeout_s:.0f} s")
+        self.close()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fail(self, why: str) -> None:
+        self._stop_timer()
+        answer, self.answer = self.answer, None
+        if answer is not None and not answer.done():
+            answer.set_exception(ChannelFailed(f"{self.channel.path}: {why}", sent=True))
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.finish(why)
+
+    # -- flow control and closing ----------------------------------------------------------
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.lost:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.lost:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return not self.lost and self.answer is None and self.stream is None and not self.reader.pending
+
+
+class FrameChannel:
+    """Pooled connections to one sibling's frame socket."""
+
+    def __init__(
+        self, path: str, *, connect_timeout_s: float, read_timeout_s: float, max_body: int, max_idle: int = 64
+    ) -> None:
+        self.path = path
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_body = max_body
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def release(self, conn: _Conn) -> None:
+        if conn.idle and len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def _connect(self) -> _Conn:
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.idle:
+                return conn
+            conn.close()
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_unix_connection(lambda: _Conn(self, self.max_body), self.path),
+                self.connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ChannelFailed(f"cannot connect to {self.path}: {exc!r}", sent=False) from exc
+        return conn
+
+    async def request(self, ask: Ask, body: bytes, *, read_timeout_s: float | None = None) -> Answer:
+        """Send ``ask`` and its ``body``; the answer, its body whole or streamed (an event stream).
+
+        Raises ``UnicodeEncodeError`` (nothing sent) for a header value that is not valid text.
+        """
+        parts = frame_parts(ASK, ask, body)
+        conn = await self._connect()
+        answer = conn.send(parts, read_timeout_s if read_timeout_s is not None else self.read_timeout_s)
+        try:
+            return await answer
+        except BaseException:
+            conn.close()  # failed, or cancelled mid-answer (the client left): the owner's request ends too
+            raise

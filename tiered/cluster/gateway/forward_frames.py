@@ -1,0 +1,210 @@
+"""The frames a worker forwards a request in, and the owner answers in (pure: bytes in, values out).
+
+A request that lands on the wrong worker of a multi-worker node
+(``tiered/cluster/workers/``) was already parsed by that worker: its HTTP
+head, its target (``tiered.api.kit.target``), its body. Sending it on as a
+second HTTP request made the owner parse it all again and cost the two
+workers 1.45 times a whole append (``docs/benchmarks.md``). A frame carries
+the parsed request instead: its method, raw path and query, its headers
+(lower-case names, hop-by-hop ones dropped), the scheme and host the client
+used, the request id, and the target exactly as the receiving worker parsed
+and routed it, so the owner's access check, usage count and route judge the
+very value the request was routed by (parse once), never a second reading of
+the same text. The body follows the frame's head as it is.
+
+One frame on the wire::
+
+    kind (1 byte) | meta length (4 bytes, big-endian) | body length (4 bytes) | meta (msgpack) | body
+
+=========  =================  ====================================================
+kind       meta               body
+=========  =================  ====================================================
+``ASK``    ``Ask``            the request body (whole)
+``WHOLE``  ``Said``           the whole answer body
+``HEAD``   ``Said``           none: the answer's body follows in ``CHUNK`` frames
+``CHUNK``  none               one piece of a streamed answer (an event stream)
+``END``    none               none: the streamed answer ended cleanly
+``CUT``    none               none: the streamed answer failed on the owner; the
+                              reader must see a cut stream, never a clean end
+=========  =================  ====================================================
+
+A connection carries one request at a time (its answer, streamed or not,
+ends before the next ``ASK``); closing it cancels the request on the owner.
+The frames travel only over a Unix socket in the node's private socket
+directory (mode 0700, the socket 0600): the owner trusts what they say as it
+trusts its own parse.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+from tiered.api.kit.target import Target
+
+__all__ = [
+    "ASK",
+    "CHUNK",
+    "CUT",
+    "END",
+    "HEAD",
+    "HEAD_SIZE",
+    "HOP_BY_HOP",
+    "MAX_META",
+    "WHOLE",
+    "Ask",
+    "FrameError",
+    "FrameReader",
+    "Said",
+    "decode_ask",
+    "decode_said",
+    "frame",
+    "frame_parts",
+]
+
+ASK = 0x51  # "Q"
+WHOLE = 0x41  # "A"
+HEAD = 0x48  # "H"
+CHUNK = 0x43  # "C"
+END = 0x45  # "E"
+CUT = 0x58  # "X"
+_KINDS = frozenset({ASK, WHOLE, HEAD, CHUNK, END, CUT})
+
+_HEAD = struct.Struct("!BII")
+HEAD_SIZE = _HEAD.size
+#: A frame's meta (method, path, headers) past this is refused: granian bounds a request's head far below.
+MAX_META = 1024 * 1024
+#: Bodies in one ``WHOLE`` or ``CHUNK`` frame at most concatenated with their head; larger go as a second buffer.
+_JOIN_BELOW = 64 * 1024
+
+#: Hop-by-hop headers (RFC 9110 7.6.1): about one connection, never forwarded. ``host`` and
+#: ``content-length`` are the request's own and travel with it.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class FrameError(Exception):
+    """Bytes that are not a frame, or one over the limits: the connection carrying them is closed."""
+
+
+class Ask(msgspec.Struct, array_like=True):
+    """A forwarded request, as the worker that received it parsed it."""
+
+    method: str
+    path: str  # still percent-encoded, as ``Request.path``
+    query_string: str
+    headers: dict[str, str]  # lower-case names
+    scheme: str
+    host: str
+    request_id: str
+    target: Target | None = None  # the receiver's parse (None: the owner parses, as any request's)
+
+
+class Said(msgspec.Struct, array_like=True):
+    """An answer's status and headers."""
+
+    status: int
+    headers: dict[str, str]
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_ask_decoder = msgspec.msgpack.Decoder(Ask)
+_said_decoder = msgspec.msgpack.Decoder(Said)
+
+
+def frame(kind: int, meta: msgspec.Struct | None = None, body: bytes = b"") -> bytes:
+    """One frame as one buffer (the body copied once: for small bodies and frames without one)."""
+    encoded = _encode(meta) if meta is not None else b""
+    return _HEAD.pack(kind, len(encoded), len(body)) + encoded + body
+
+
+def frame_parts(kind: int, meta: msgspec.Struct | None, body: bytes) -> list[bytes]:
+    """One frame as buffers to write in one call: a large body is never copied into the head's buffer.
+
+    Raises ``UnicodeEncodeError`` for a meta value that is not valid text (a header value the HTTP
+    server could not decode): the caller sends that request another way.
+    """
+    encoded = _encode(meta) if meta is not None else b""
+    head = _HEAD.pack(kind, len(encoded), len(body))
+    if len(body) < _JOIN_BELOW:
+        return [head + encoded + body]
+    return [head + encoded, body]
+
+
+def decode_ask(meta: bytes) -> Ask:
+    try:
+        return _ask_decoder.decode(meta)
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"not a forwarded request: {exc}") from exc
+
+
+def decode_said(meta: bytes) -> Said:
+    try:
+        return _said_decoder.decode(meta)
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"not a forwarded answer: {exc}") from exc
+
+
+class FrameReader:
+    """Splits the bytes a connection receives into frames ``(kind, meta, body)``, checked against limits.
+
+    The common case, one whole frame in one read, slices it straight out of
+    the bytes read; a frame split over reads is collected first.
+    """
+
+    __slots__ = ("_buf", "max_body")
+
+    def __init__(self, max_body: int) -> None:
+        self._buf = bytearray()
+        self.max_body = max_body
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes, bytes]]:
+        if not self._buf:
+            size = len(data)
+            if size >= HEAD_SIZE:
+                kind, meta_len, body_len = self._head(data)
+                end = HEAD_SIZE + meta_len + body_len
+                if size == end:  # exactly one frame: no copy into the buffer
+                    return [(kind, data[HEAD_SIZE : HEAD_SIZE + meta_len], data[HEAD_SIZE + meta_len : end])]
+        self._buf += data
+        return self._split()
+
+    def _split(self) -> list[tuple[int, bytes, bytes]]:
+        buf = self._buf
+        out: list[tuple[int, bytes, bytes]] = []
+        start = 0
+        while len(buf) - start >= HEAD_SIZE:
+            kind, meta_len, body_len = self._head(buf, start)
+            end = start + HEAD_SIZE + meta_len + body_len
+            if len(buf) < end:
+                break
+            at = start + HEAD_SIZE
+            out.append((kind, bytes(buf[at : at + meta_len]), bytes(buf[at + meta_len : end])))
+            start = end
+        if start:
+            del buf[:start]
+        return out
+
+    def _head(self, data: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
+        kind, meta_len, body_len = _HEAD.unpack_from(data, at)
+        if kind not in _KINDS:
+            raise FrameError(f"unknown frame kind {kind:#x}")
+        if meta_len > MAX_META or body_len > self.max_body:
+            raise FrameError(f"a frame over the limits (meta {meta_len} bytes, body {body_len} bytes)")
+        return kind, meta_len, body_len
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame received but not yet whole."""
+        return len(self._buf)

@@ -1,0 +1,252 @@
+"""The owner's half of forwarding between workers: serve a framed request as if it arrived here.
+
+A worker listens on a Unix socket for ``ASK`` frames (``forward_frames.py``)
+from its siblings. Each one becomes a ``ForwardedRequest``: a
+``tiered.api.kit.types.Request`` whose target is the one the receiving
+worker parsed and routed by (never parsed again), whose body is the bytes the
+frame carried, and whose headers are the client's (the credential among
+them). It goes straight to the handler it is given: the node's shard routing
+behind the one error mapping (``tiered/cluster/workers/handler.py``), which
+serves it from the shard's engine here (authorized there, once: the
+receiving worker makes no access decision) or, if the shard moved away
+meanwhile, answers 503 with a retry hint (a forwarded request is never
+forwarded again). The request was counted, logged and given its request id
+by the worker the client reached; here it only runs under that id.
+
+The answer goes back framed: a whole body in one frame, or a streamed one
+(SSE) as chunks, written as the owner produces them and paused while the
+socket is full (the receiving worker stops reading while its client is
+behind). A stream that fails here is sent as ``CUT``, so the client sees a
+cut stream, never a clean end. A connection closed by the receiving worker
+(its client left, it timed out, it died) cancels the request's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from tiered.api.kit.errors import ClientDisconnected, error_response
+from tiered.api.kit.types import Handler, Request
+from tiered.cluster.gateway.forward_frames import (
+    ASK,
+    CHUNK,
+    CUT,
+    END,
+    HEAD,
+    HOP_BY_HOP,
+    WHOLE,
+    Ask,
+    FrameError,
+    FrameReader,
+    Said,
+    decode_ask,
+    frame,
+    frame_parts,
+)
+from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.logs import REQUEST_ID
+
+__all__ = ["ForwardedRequest", "FrameHeaders", "FrameServer"]
+
+log = logging.getLogger(__name__)
+
+_LOWER: dict[str, str] = {}
+
+
+class FrameHeaders(Mapping[str, str]):
+    """A forwarded request's headers (lower-case names), looked up case-insensitively like the adapters'."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: dict[str, str]) -> None:
+        self._raw = raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = _LOWER.get(key)
+        if name is None:
+            name = key.lower()
+            if len(_LOWER) < 1024:  # the service asks for a fixed set of names
+                _LOWER[key] = name
+        return self._raw.get(name, default)
+
+    def __getitem__(self, key: str) -> str:
+        return self._raw[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+async def _no_read() -> bytes:  # pragma: no cover - the body is set before anything reads it
+    return b""
+
+
+class ForwardedRequest(Request):
+    """A request a sibling worker received and parsed: its target and body as that worker had them."""
+
+    __slots__ = ()
+
+    def __init__(self, ask: Ask, body: bytes) -> None:
+        super().__init__(
+            ask.method,
+            ask.path,
+            ask.query_string,
+            FrameHeaders(ask.headers),
+            _no_read,
+            scheme=ask.scheme,
+            host=ask.host,
+        )
+        self._body = body
+        target = ask.target
+        if target is not None:
+            self._target = target  # the receiver's parse: what it routed by is what is judged here
+            query = target.query
+            self._query = query if isinstance(query, dict) else dict(query)
+
+
+class _Serving(asyncio.Protocol):
+    """One sibling's connection: one framed request at a time."""
+
+    def __init__(self, server: FrameServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(server.max_body_bytes)
+        self.task: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()  # the receiving worker left (its client left, or it died): stop the request
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+            for kind, meta, body in frames:
+                if kind != ASK or self.task is not None:
+                    raise FrameError(f"frame {kind:#x} where a request was expected")
+                ask = decode_ask(meta)
+                self.task = asyncio.get_running_loop().create_task(self._serve(ask, body))
+        except FrameError as exc:
+            log.warning("closing a forwarding connection: %s", exc)
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _serve(self, ask: Ask, body: bytes) -> None:
+        REQUEST_ID.set(ask.request_id or None)
+        request = ForwardedRequest(ask, body)
+        try:
+            response = await self.server.handler(request)
+        except ClientDisconnected:
+            self.close()
+            return
+        except Exception:  # the handler maps every error; this is a bug, answered as the mapper would
+            log.exception("internal error serving a forwarded %s %s", ask.method, ask.path[:200])
+            response = error_response(TieredError(ErrorCode.INTERNAL_ERROR, "internal error"))
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            await _close_body(response.body)
+            return
+        said = Said(
+            response.status, {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+        )
+        if isinstance(response.body, bytes):
+            self.task = None
+            parts = frame_parts(WHOLE, said, response.body)
+            if len(parts) == 1:
+                transport.write(parts[0])
+            else:
+                transport.writelines(parts)
+            return
+        await self._stream(transport, said, response.body, ask.path)
+
+    async def _stream(
+        self, transport: asyncio.Transport, said: Said, body: AsyncIterator[bytes], path: str
+    ) -> None:
+        transport.write(frame(HEAD, said))
+        try:
+            async for chunk in body:
+                if chunk:
+                    transport.writelines(frame_parts(CHUNK, None, chunk))
+                if self._drained is not None:
+                    await self._drained
+                if transport.is_closing():
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("forwarded streaming response to %s ended by an error: %s", path[:200], exc)
+            transport.write(frame(CUT))
+            self.task = None
+            return
+        finally:
+            await _close_body(body)
+        self.task = None
+        transport.write(frame(END))
+
+
+async def _close_body(body: bytes | AsyncIterator[bytes]) -> None:
+    aclose = getattr(body, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+class FrameServer:
+    """Serves framed requests from sibling workers on a Unix socket only this user can open."""
+
+    def __init__(self, handler: Handler, *, max_body_bytes: int) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.connections: set[_Serving] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, path: Path) -> None:
+        """Listen at ``path`` (a stale socket file a killed worker left is replaced), mode 0600."""
+        path.unlink(missing_ok=True)
+        loop = asyncio.get_running_loop()
+        # The directory is the node's private one (mode 0700: ``tiered/cli/workers.py``), so nobody else
+        # reaches the socket even before this chmod.
+        self._server = await loop.create_unix_server(lambda: _Serving(self), str(path))
+        os.chmod(path, 0o600)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for conn in list(self.connections):
+            conn.close()  # cancels what they were serving
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)
