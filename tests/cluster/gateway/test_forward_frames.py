@@ -24,6 +24,7 @@ from tiered.cluster.gateway.forward import Forwarder, ForwardFailed, unix_url
 from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, frames_socket
 from tiered.cluster.gateway.forward_frames import (
     ASK,
+    CANCEL,
     HEAD_SIZE,
     WHOLE,
     Ask,
@@ -51,8 +52,8 @@ def _ask(path: str = "/v1/stream/a", **headers: str) -> Ask:
 def test_a_request_frame_round_trips_with_its_parsed_target() -> None:
     ask = _ask(authorization="Bearer t")
     reader = FrameReader(max_body=10)
-    [(kind, meta, body)] = reader.feed(frame(ASK, ask, b"0123456789"))
-    assert (kind, body) == (ASK, b"0123456789")
+    [(kind, rid, meta, body)] = reader.feed(frame(ASK, ask, b"0123456789", rid=7))
+    assert (kind, rid, body) == (ASK, 7, b"0123456789")
     got = decode_ask(meta)
     assert got == ask and got.target == ask.target and got.target is not None
     assert got.target.family is ask.target.family and got.target.stream == "a"  # type: ignore[union-attr]
@@ -61,23 +62,23 @@ def test_a_request_frame_round_trips_with_its_parsed_target() -> None:
 def test_frames_split_over_reads_and_packed_in_one_are_each_found_whole() -> None:
     one, two = frame(ASK, _ask(), b"x" * 100), frame(WHOLE, Said(200, {"a": "b"}), b"")
     reader = FrameReader(max_body=1000)
-    got: list[tuple[int, bytes, bytes]] = []
+    got: list[tuple[int, int, bytes, bytes]] = []
     for i in range(len(one)):  # byte by byte: nothing comes out until the frame is whole
         got += reader.feed(one[i : i + 1])
         assert len(got) == (1 if i == len(one) - 1 else 0)
     got += reader.feed(two + one[:5])  # one whole frame, and the start of the next
-    assert [g[0] for g in got] == [ASK, WHOLE] and got[0][2] == b"x" * 100
+    assert [g[0] for g in got] == [ASK, WHOLE] and got[0][3] == b"x" * 100
     assert reader.pending == 5
     got = reader.feed(one[5:])
-    assert len(got) == 1 and got[0][2] == b"x" * 100 and reader.pending == 0
+    assert len(got) == 1 and got[0][3] == b"x" * 100 and reader.pending == 0
 
 
 @pytest.mark.parametrize(
     "raw",
     [
-        struct.pack("!BII", 0x00, 0, 0),  # no such kind
-        struct.pack("!BII", ASK, 0, 11),  # a body over the limit
-        struct.pack("!BII", ASK, 2 * MiB, 0),  # a head over the limit
+        struct.pack("!BIII", 0x00, 1, 0, 0),  # no such kind
+        struct.pack("!BIII", ASK, 1, 0, 11),  # a body over the limit
+        struct.pack("!BIII", ASK, 1, 2 * MiB, 0),  # a head over the limit
     ],
 )
 def test_bytes_that_are_not_a_frame_are_refused(raw: bytes) -> None:
@@ -304,7 +305,10 @@ def test_a_reader_that_leaves_ends_the_owners_stream(tmp_path: Path, loop: str) 
     _run(tmp_path, handler, scenario, loop)
 
 
-def test_a_client_that_leaves_mid_request_cancels_it_on_the_owner(tmp_path: Path, loop: str) -> None:
+@pytest.mark.parametrize("method", ["GET", "POST"])  # a read's own connection; the shared one writes use
+def test_a_client_that_leaves_mid_request_cancels_it_on_the_owner(
+    tmp_path: Path, loop: str, method: str
+) -> None:
     started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def handler(request: Request) -> Response:
@@ -317,10 +321,12 @@ def test_a_client_that_leaves_mid_request_cancels_it_on_the_owner(tmp_path: Path
         return Response(204)
 
     async def scenario(owner: Owner, forwarder: Forwarder) -> None:
-        task = asyncio.ensure_future(forwarder.forward(_request("GET", "/v1/stream/s"), owner.url, 0))
+        task = asyncio.ensure_future(forwarder.forward(_request(method, "/v1/stream/s"), owner.url, 0))
         await asyncio.wait_for(started.wait(), 10)
         task.cancel()
         await asyncio.wait_for(cancelled.wait(), 10)
+        if method == "POST":  # the shared connection stays, for every other write
+            assert len(owner.server.connections) == 1
 
     _run(tmp_path, handler, scenario, loop)
 
@@ -394,5 +400,65 @@ def test_the_frame_socket_is_open_to_its_user_only(tmp_path: Path, loop: str) ->
     async def scenario(owner: Owner, forwarder: Forwarder) -> None:
         mode = stat.S_IMODE(owner.path.stat().st_mode)
         assert mode & 0o077 == 0, oct(mode)
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_concurrent_writes_share_one_connection_each_answer_to_its_own_request(
+    tmp_path: Path, loop: str
+) -> None:
+    async def handler(request: Request) -> Response:
+        body = await request.body()
+        await asyncio.sleep(0.001 * (body[-1] % 7))  # answers come back out of order
+        return Response(200, {"Stream-Next-Offset": body.decode()}, body + b"!")
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        bodies = [f"append-{i}".encode() for i in range(300)]
+        answers = await asyncio.gather(
+            *(forwarder.forward(_request("POST", "/v1/stream/s", b), owner.url, 0) for b in bodies)
+        )
+        for body, answer in zip(bodies, answers, strict=True):
+            assert (answer.status, answer.body) == (200, body + b"!")
+            assert answer.headers["Stream-Next-Offset"] == body.decode()
+        assert len(owner.server.connections) == 1
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_request_cancelled_before_it_left_is_never_started(tmp_path: Path, loop: str) -> None:
+    served: list[bytes] = []
+
+    async def handler(request: Request) -> Response:
+        served.append(await request.body())
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        ask = Ask("POST", "/v1/stream/s", "", {}, "http", "", "")
+        reader, writer = await asyncio.open_unix_connection(str(owner.path))
+        # the sender's client left before its request was written: both leave in one write
+        writer.write(
+            frame(ASK, ask, b"never", rid=5) + frame(CANCEL, rid=5) + frame(ASK, ask, b"kept", rid=6)
+        )
+        head = await asyncio.wait_for(reader.readexactly(HEAD_SIZE), 10)
+        kind, rid, meta_len, body_len = struct.unpack("!BIII", head)
+        await reader.readexactly(meta_len + body_len)
+        assert (kind, rid) == (WHOLE, 6)
+        assert served == [b"kept"]
+        writer.close()
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_streamed_answer_to_a_write_comes_back_whole(tmp_path: Path, loop: str) -> None:
+    async def parts() -> AsyncIterator[bytes]:
+        for piece in (b"a", b"b", b"c"):
+            yield piece
+
+    async def handler(request: Request) -> Response:
+        return Response(200, {"Content-Type": "application/json"}, parts())
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        answer = await forwarder.forward(_request("POST", "/v1/stream/s", b"x"), owner.url, 0)
+        assert (answer.status, answer.body) == (200, b"abc")
 
     _run(tmp_path, handler, scenario, loop)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator
-from typing import cast
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar, cast
 
 from tiered.cluster.gateway.forward_frames import (
     ASK,
+    CANCEL,
     CHUNK,
     CUT,
     END,
@@ -35,12 +36,15 @@ from tiered.cluster.gateway.forward_frames import (
     FrameError,
     FrameReader,
     decode_said,
+    frame,
     frame_parts,
 )
 
 __all__ = ["Answer", "ChannelFailed", "FrameChannel", "frames_socket"]
 
 log = logging.getLogger(__name__)
+
+_P = TypeVar("_P", bound=asyncio.Protocol)
 
 #: A streamed answer's bytes held for a slow reader before the connection stops reading.
 _HOLD_BYTES = 256 * 1024
@@ -148,7 +152,7 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            for kind, meta, body in self.reader.feed(data):
+            for kind, _, meta, body in self.reader.feed(data):
                 self._frame(kind, meta, body)
         except FrameError as exc:
             log.warning("closing a forwarding connection to %s: %s", self.channel.path, exc)
@@ -253,8 +257,114 @@ class _Conn(asyncio.Protocol):
         return not self.lost and self.answer is None and self.stream is None and not self.reader.pending
 
 
+class _Pending:
+    __slots__ = ("answer", "deadline", "sent")
+
+    def __init__(self, answer: asyncio.Future[Answer], deadline: float) -> None:
+        self.answer = answer
+        self.deadline = deadline
+        self.sent = False  # written to the socket (not only queued)
+
+
+class _MuxConn(asyncio.Protocol):
+    """The shared connection writes go on: many requests at a time, matched to their answers by id.
+
+    Requests queued in one turn of the event loop leave in one ``write``.
+    """
+
+    def __init__(self, channel: FrameChannel, max_body: int) -> None:
+        self.channel = channel
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(max_body)
+        self.pending: dict[int, _Pending] = {}
+        self.lost = False
+        self._next = 0
+        self._out: list[bytes] = []
+        self._sweeping: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for kind, rid, meta, body in self.reader.feed(data):
+                pending = self.pending.pop(rid, None)
+                if kind == WHOLE:
+                    said = decode_said(meta)
+                    if pending is not None and not pending.answer.done():
+                        pending.answer.set_result(Answer(said.status, said.headers, body))
+                elif kind != CUT:
+                    raise FrameError(f"frame {kind:#x} on a multiplexed connection")
+                elif pending is not None and not pending.answer.done():
+                    pending.answer.set_exception(ChannelFailed(f"{self.channel.path}: answer cut", sent=True))
+        except FrameError as exc:
+            log.warning("closing a forwarding connection to %s: %s", self.channel.path, exc)
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.channel.lost(self)
+        why = f"the connection closed ({exc!r})" if exc is not None else "the connection closed"
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            if not p.answer.done():
+                p.answer.set_exception(ChannelFailed(f"{self.channel.path}: {why}", sent=p.sent))
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def send(self, ask: Ask, body: bytes, timeout_s: float) -> tuple[int, _Pending]:
+        loop = asyncio.get_running_loop()
+        self._next = rid = self._next % 0xFFFFFFFF + 1
+        parts = frame_parts(ASK, ask, body, rid)
+        pending = self.pending[rid] = _Pending(loop.create_future(), loop.time() + timeout_s)
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out += parts
+        if self._sweeping is None:
+            self._sweeping = loop.call_later(_SWEEP_S, self._sweep)
+        return rid, pending
+
+    def cancel(self, rid: int) -> None:
+        """The caller left (or gave up): the owner stops the request. A request still queued here leaves
+        with its ``CANCEL`` right behind it, so the owner never starts it."""
+        self.pending.pop(rid, None)
+        if not self.lost:
+            if not self._out:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self._out.append(frame(CANCEL, rid=rid))
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        transport = self.transport
+        if not out or transport is None or self.lost:
+            return
+        for p in self.pending.values():
+            p.sent = True
+        transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _sweep(self) -> None:
+        """Fail requests past their read timeout (one timer per connection, not one per request)."""
+        self._sweeping = None
+        now = asyncio.get_running_loop().time()
+        late = [rid for rid, p in self.pending.items() if p.deadline <= now]
+        for rid in late:
+            p = self.pending.pop(rid)
+            if not p.answer.done():  # the caller then cancels it on the owner
+                p.answer.set_exception(ChannelFailed(f"{self.channel.path}: no answer in time", sent=True))
+        if self.pending and not self.lost:
+            self._sweeping = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
+
+
+_SWEEP_S = 1.0
+
+
 class FrameChannel:
-    """Pooled connections to one sibling's frame socket."""
+    """Connections to one sibling's frame socket: the shared one for writes, a pool for reads."""
 
     def __init__(
         self, path: str, *, connect_timeout_s: float, read_timeout_s: float, max_body: int, max_idle: int = 64
@@ -265,17 +375,26 @@ class FrameChannel:
         self.max_body = max_body
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._mux: _MuxConn | None = None
+        self._mux_connecting: asyncio.Future[_MuxConn] | None = None
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        mux, self._mux = self._mux, None
+        if mux is not None:
+            mux.close()
 
     def release(self, conn: _Conn) -> None:
         if conn.idle and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.close()
+
+    def lost(self, mux: _MuxConn) -> None:
+        if self._mux is mux:
+            self._mux = None
 
     async def _connect(self) -> _Conn:
         idle = self._idle
@@ -284,26 +403,61 @@ class FrameChannel:
             if conn.idle:
                 return conn
             conn.close()
+        _, conn = await self._open(lambda: _Conn(self, self.max_body))
+        return conn
+
+    async def _open(self, factory: Callable[[], _P]) -> tuple[asyncio.BaseTransport, _P]:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_unix_connection(lambda: _Conn(self, self.max_body), self.path),
-                self.connect_timeout_s,
+            return await asyncio.wait_for(
+                loop.create_unix_connection(factory, self.path), self.connect_timeout_s
             )
         except (OSError, TimeoutError) as exc:
             raise ChannelFailed(f"cannot connect to {self.path}: {exc!r}", sent=False) from exc
-        return conn
+
+    async def _shared(self) -> _MuxConn:
+        mux = self._mux
+        if mux is not None and not mux.lost:
+            return mux
+        connecting = self._mux_connecting
+        if connecting is None:  # one connect for every request waiting for it
+            connecting = self._mux_connecting = asyncio.get_running_loop().create_future()
+            try:
+                _, mux = await self._open(lambda: _MuxConn(self, self.max_body))
+            except BaseException as exc:
+                self._mux_connecting = None
+                connecting.set_exception(exc)
+                connecting.exception()  # retrieved: the waiters (if any) raise it too
+                raise
+            self._mux, self._mux_connecting = mux, None
+            connecting.set_result(mux)
+            return mux
+        return await asyncio.shield(connecting)
 
     async def request(self, ask: Ask, body: bytes, *, read_timeout_s: float | None = None) -> Answer:
         """Send ``ask`` and its ``body``; the answer, its body whole or streamed (an event stream).
 
-        Raises ``UnicodeEncodeError`` (nothing sent) for a header value that is not valid text.
+        Reads (``GET``, ``HEAD``: they may stream) go one at a time on a pooled connection; everything
+        else on the shared one. Raises ``UnicodeEncodeError`` (nothing sent) for a header value that
+        is not valid text.
         """
+        timeout_s = read_timeout_s if read_timeout_s is not None else self.read_timeout_s
+        if ask.method not in _READS:
+            mux = await self._shared()
+            rid, pending = mux.send(ask, body, timeout_s)
+            try:
+                return await pending.answer
+            except BaseException:
+                mux.cancel(rid)  # failed or cancelled (the client left): the owner stops too
+                raise
         parts = frame_parts(ASK, ask, body)
         conn = await self._connect()
-        answer = conn.send(parts, read_timeout_s if read_timeout_s is not None else self.read_timeout_s)
+        answer = conn.send(parts, timeout_s)
         try:
             return await answer
         except BaseException:
             conn.close()  # failed, or cancelled mid-answer (the client left): the owner's request ends too
             raise
+
+
+_READS = frozenset({"GET", "HEAD"})

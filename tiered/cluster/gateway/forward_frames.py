@@ -12,9 +12,9 @@ and routed it, so the owner's access check, usage count and route judge the
 very value the request was routed by (parse once), never a second reading of
 the same text. The body follows the frame's head as it is.
 
-One frame on the wire::
+One frame on the wire (numbers big-endian)::
 
-    kind (1 byte) | meta length (4 bytes, big-endian) | body length (4 bytes) | meta (msgpack) | body
+    kind (1 byte) | request id (4 bytes) | meta length (4) | body length (4) | meta (msgpack) | body
 
 =========  =================  ====================================================
 kind       meta               body
@@ -26,10 +26,23 @@ kind       meta               body
 ``END``    none               none: the streamed answer ended cleanly
 ``CUT``    none               none: the streamed answer failed on the owner; the
                               reader must see a cut stream, never a clean end
+``CANCEL`` none               none: the sender's client left; the owner stops the
+                              request (sender to owner only)
 =========  =================  ====================================================
 
-A connection carries one request at a time (its answer, streamed or not,
-ends before the next ``ASK``); closing it cancels the request on the owner.
+Two kinds of connection (``forward_channel.py``):
+
+* **Multiplexed** (request ids from 1): writes (appends above all) go on one
+  shared connection per sibling, many at a time, each answer matched to its
+  request by id. Frames written in one turn of the event loop leave in one
+  ``write`` on both sides, so a group commit's answers cost the owner one
+  system call, not one each. An answer here is always whole (the owner
+  collects a streamed one, bounded); a request is stopped by ``CANCEL``.
+* **Dedicated** (request id 0): reads, which may stream (SSE, large bodies),
+  one at a time on a pooled connection: a streamed answer comes as
+  ``HEAD``, ``CHUNK``... ``END``, with flow control by the socket itself (the
+  sender stops reading while its client is behind); closing the connection
+  stops the request.
 The frames travel only over a Unix socket in the node's private socket
 directory (mode 0700, the socket 0600): the owner trusts what they say as it
 trusts its own parse.
@@ -46,6 +59,7 @@ from tiered.api.kit.target import Target
 __all__ = [
     "ASK",
     "CHUNK",
+    "CANCEL",
     "CUT",
     "END",
     "HEAD",
@@ -54,6 +68,7 @@ __all__ = [
     "MAX_META",
     "WHOLE",
     "Ask",
+    "Frame",
     "FrameError",
     "FrameReader",
     "Said",
@@ -69,9 +84,10 @@ HEAD = 0x48  # "H"
 CHUNK = 0x43  # "C"
 END = 0x45  # "E"
 CUT = 0x58  # "X"
-_KINDS = frozenset({ASK, WHOLE, HEAD, CHUNK, END, CUT})
+CANCEL = 0x5A  # "Z"
+_KINDS = frozenset({ASK, WHOLE, HEAD, CHUNK, END, CUT, CANCEL})
 
-_HEAD = struct.Struct("!BII")
+_HEAD = struct.Struct("!BIII")
 HEAD_SIZE = _HEAD.size
 #: A frame's meta (method, path, headers) past this is refused: granian bounds a request's head far below.
 MAX_META = 1024 * 1024
@@ -123,20 +139,20 @@ _ask_decoder = msgspec.msgpack.Decoder(Ask)
 _said_decoder = msgspec.msgpack.Decoder(Said)
 
 
-def frame(kind: int, meta: msgspec.Struct | None = None, body: bytes = b"") -> bytes:
+def frame(kind: int, meta: msgspec.Struct | None = None, body: bytes = b"", rid: int = 0) -> bytes:
     """One frame as one buffer (the body copied once: for small bodies and frames without one)."""
     encoded = _encode(meta) if meta is not None else b""
-    return _HEAD.pack(kind, len(encoded), len(body)) + encoded + body
+    return _HEAD.pack(kind, rid, len(encoded), len(body)) + encoded + body
 
 
-def frame_parts(kind: int, meta: msgspec.Struct | None, body: bytes) -> list[bytes]:
+def frame_parts(kind: int, meta: msgspec.Struct | None, body: bytes, rid: int = 0) -> list[bytes]:
     """One frame as buffers to write in one call: a large body is never copied into the head's buffer.
 
     Raises ``UnicodeEncodeError`` for a meta value that is not valid text (a header value the HTTP
     server could not decode): the caller sends that request another way.
     """
     encoded = _encode(meta) if meta is not None else b""
-    head = _HEAD.pack(kind, len(encoded), len(body))
+    head = _HEAD.pack(kind, rid, len(encoded), len(body))
     if len(body) < _JOIN_BELOW:
         return [head + encoded + body]
     return [head + encoded, body]
@@ -156,8 +172,11 @@ def decode_said(meta: bytes) -> Said:
         raise FrameError(f"not a forwarded answer: {exc}") from exc
 
 
+Frame = tuple[int, int, bytes, bytes]  # kind, request id, meta, body
+
+
 class FrameReader:
-    """Splits the bytes a connection receives into frames ``(kind, meta, body)``, checked against limits.
+    """Splits the bytes a connection receives into frames ``(kind, rid, meta, body)``, checked against limits.
 
     The common case, one whole frame in one read, slices it straight out of
     the bytes read; a frame split over reads is collected first.
@@ -169,40 +188,41 @@ class FrameReader:
         self._buf = bytearray()
         self.max_body = max_body
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes, bytes]]:
+    def feed(self, data: bytes) -> list[Frame]:
         if not self._buf:
             size = len(data)
             if size >= HEAD_SIZE:
-                kind, meta_len, body_len = self._head(data)
+                kind, rid, meta_len, body_len = self._head(data)
                 end = HEAD_SIZE + meta_len + body_len
                 if size == end:  # exactly one frame: no copy into the buffer
-                    return [(kind, data[HEAD_SIZE : HEAD_SIZE + meta_len], data[HEAD_SIZE + meta_len : end])]
+                    meta_end = HEAD_SIZE + meta_len
+                    return [(kind, rid, data[HEAD_SIZE:meta_end], data[meta_end:end])]
         self._buf += data
         return self._split()
 
-    def _split(self) -> list[tuple[int, bytes, bytes]]:
+    def _split(self) -> list[Frame]:
         buf = self._buf
-        out: list[tuple[int, bytes, bytes]] = []
+        out: list[Frame] = []
         start = 0
         while len(buf) - start >= HEAD_SIZE:
-            kind, meta_len, body_len = self._head(buf, start)
+            kind, rid, meta_len, body_len = self._head(buf, start)
             end = start + HEAD_SIZE + meta_len + body_len
             if len(buf) < end:
                 break
             at = start + HEAD_SIZE
-            out.append((kind, bytes(buf[at : at + meta_len]), bytes(buf[at + meta_len : end])))
+            out.append((kind, rid, bytes(buf[at : at + meta_len]), bytes(buf[at + meta_len : end])))
             start = end
         if start:
             del buf[:start]
         return out
 
-    def _head(self, data: bytes | bytearray, at: int = 0) -> tuple[int, int, int]:
-        kind, meta_len, body_len = _HEAD.unpack_from(data, at)
+    def _head(self, data: bytes | bytearray, at: int = 0) -> tuple[int, int, int, int]:
+        kind, rid, meta_len, body_len = _HEAD.unpack_from(data, at)
         if kind not in _KINDS:
             raise FrameError(f"unknown frame kind {kind:#x}")
         if meta_len > MAX_META or body_len > self.max_body:
             raise FrameError(f"a frame over the limits (meta {meta_len} bytes, body {body_len} bytes)")
-        return kind, meta_len, body_len
+        return kind, rid, meta_len, body_len
 
     @property
     def pending(self) -> int:

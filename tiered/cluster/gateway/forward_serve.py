@@ -35,6 +35,7 @@ from tiered.api.kit.errors import ClientDisconnected, error_response
 from tiered.api.kit.types import Handler, Request
 from tiered.cluster.gateway.forward_frames import (
     ASK,
+    CANCEL,
     CHUNK,
     CUT,
     END,
@@ -115,14 +116,20 @@ class ForwardedRequest(Request):
             self._query = query if isinstance(query, dict) else dict(query)
 
 
+#: A streamed answer to a request on a multiplexed connection is collected whole, up to this many bytes
+#: (writes are answered with small bodies; only reads stream, and they come on dedicated connections).
+MUX_STREAM_LIMIT = 16 * 1024 * 1024
+
+
 class _Serving(asyncio.Protocol):
-    """One sibling's connection: one framed request at a time."""
+    """One connection from a sibling: requests by id, answers written once per turn of the loop."""
 
     def __init__(self, server: FrameServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.reader = FrameReader(server.max_body_bytes)
-        self.task: asyncio.Task[None] | None = None
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._out: list[bytes] = []
         self._drained: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,9 +138,10 @@ class _Serving(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()  # the receiving worker left (its client left, or it died): stop the request
+        tasks, self.tasks = self.tasks, {}
+        for task in tasks.values():
+            task.cancel()  # the sender left (its clients left, or it died): stop what it asked
+        self._out.clear()
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
@@ -149,12 +157,17 @@ class _Serving(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            frames = self.reader.feed(data)
-            for kind, meta, body in frames:
-                if kind != ASK or self.task is not None:
-                    raise FrameError(f"frame {kind:#x} where a request was expected")
-                ask = decode_ask(meta)
-                self.task = asyncio.get_running_loop().create_task(self._serve(ask, body))
+            for kind, rid, meta, body in self.reader.feed(data):
+                if kind == CANCEL:
+                    task = self.tasks.pop(rid, None)
+                    if task is not None:
+                        task.cancel()
+                    continue
+                if kind != ASK or rid in self.tasks or (rid == 0 and self.tasks):
+                    raise FrameError(f"frame {kind:#x} (request {rid}) where a new request was expected")
+                task = asyncio.get_running_loop().create_task(self._serve(rid, decode_ask(meta), body))
+                if not task.done():
+                    self.tasks[rid] = task
         except FrameError as exc:
             log.warning("closing a forwarding connection: %s", exc)
             self.close()
@@ -163,13 +176,25 @@ class _Serving(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def _serve(self, ask: Ask, body: bytes) -> None:
+    def _send(self, parts: list[bytes]) -> None:
+        """Queue frames; everything queued in this turn of the loop leaves in one write."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out += parts
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def _serve(self, rid: int, ask: Ask, body: bytes) -> None:
         REQUEST_ID.set(ask.request_id or None)
         request = ForwardedRequest(ask, body)
         try:
             response = await self.server.handler(request)
         except ClientDisconnected:
-            self.close()
+            self.tasks.pop(rid, None)
             return
         except Exception:  # the handler maps every error; this is a bug, answered as the mapper would
             log.exception("internal error serving a forwarded %s %s", ask.method, ask.path[:200])
@@ -181,19 +206,20 @@ class _Serving(asyncio.Protocol):
         said = Said(
             response.status, {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         )
-        if isinstance(response.body, bytes):
-            self.task = None
-            parts = frame_parts(WHOLE, said, response.body)
-            if len(parts) == 1:
-                transport.write(parts[0])
-            else:
-                transport.writelines(parts)
+        answer = response.body
+        if not isinstance(answer, bytes) and rid != 0:
+            answer = await _collected(answer, said, ask.path)
+        if isinstance(answer, bytes):
+            self.tasks.pop(rid, None)
+            self._send(frame_parts(WHOLE, said, answer, rid))
             return
-        await self._stream(transport, said, response.body, ask.path)
+        await self._stream(transport, said, answer, ask.path)
 
     async def _stream(
         self, transport: asyncio.Transport, said: Said, body: AsyncIterator[bytes], path: str
     ) -> None:
+        """A streamed answer on a dedicated connection: chunks as they come, paused while the socket is full."""
+        self._flush()
         transport.write(frame(HEAD, said))
         try:
             async for chunk in body:
@@ -207,13 +233,34 @@ class _Serving(asyncio.Protocol):
             raise
         except Exception as exc:
             log.warning("forwarded streaming response to %s ended by an error: %s", path[:200], exc)
+            self.tasks.pop(0, None)
             transport.write(frame(CUT))
-            self.task = None
             return
         finally:
             await _close_body(body)
-        self.task = None
+        self.tasks.pop(0, None)
         transport.write(frame(END))
+
+
+async def _collected(body: AsyncIterator[bytes], said: Said, path: str) -> bytes | AsyncIterator[bytes]:
+    """A streamed answer to a multiplexed request, whole (bounded); past the bound, an error to send."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in body:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > MUX_STREAM_LIMIT:
+                raise ValueError(f"over {MUX_STREAM_LIMIT} bytes")
+    except Exception as exc:
+        log.warning("a forwarded answer to %s could not be collected: %s", path[:200], exc)
+        refused = error_response(TieredError(ErrorCode.INTERNAL_ERROR, "internal error"))
+        said.status, said.headers = refused.status, refused.headers
+        assert isinstance(refused.body, bytes)
+        return refused.body
+    finally:
+        await _close_body(body)
+    return b"".join(parts)
 
 
 async def _close_body(body: bytes | AsyncIterator[bytes]) -> None:
