@@ -189,32 +189,32 @@ class FrameReader:
         self.max_body = max_body
 
     def feed(self, data: bytes) -> list[Frame]:
-        if not self._buf:
-            size = len(data)
-            if size >= HEAD_SIZE:
-                kind, rid, meta_len, body_len = self._head(data)
-                end = HEAD_SIZE + meta_len + body_len
-                if size == end:  # exactly one frame: no copy into the buffer
-                    meta_end = HEAD_SIZE + meta_len
-                    return [(kind, rid, data[HEAD_SIZE:meta_end], data[meta_end:end])]
+        if not self._buf:  # the common case: whole frames read, sliced straight out of the bytes read
+            out, start = self._split(data)
+            if start < len(data):
+                self._buf += data[start:]  # a frame's start: kept until the rest arrives
+            return out
         self._buf += data
-        return self._split()
+        out, start = self._split(self._buf)
+        if start:
+            del self._buf[:start]
+        return out
 
-    def _split(self) -> list[Frame]:
-        buf = self._buf
+    def _split(self, buf: bytes | bytearray) -> tuple[list[Frame], int]:
+        """The whole frames in ``buf``, and where the rest begins."""
         out: list[Frame] = []
         start = 0
-        while len(buf) - start >= HEAD_SIZE:
+        size = len(buf)
+        while size - start >= HEAD_SIZE:
             kind, rid, meta_len, body_len = self._head(buf, start)
-            end = start + HEAD_SIZE + meta_len + body_len
-            if len(buf) < end:
-                break
             at = start + HEAD_SIZE
-            out.append((kind, rid, bytes(buf[at : at + meta_len]), bytes(buf[at + meta_len : end])))
+            meta_end = at + meta_len
+            end = meta_end + body_len
+            if size < end:
+                break
+            out.append((kind, rid, bytes(buf[at:meta_end]), bytes(buf[meta_end:end])))
             start = end
-        if start:
-            del buf[:start]
-        return out
+        return out, start
 
     def _head(self, data: bytes | bytearray, at: int = 0) -> tuple[int, int, int, int]:
         kind, rid, meta_len, body_len = _HEAD.unpack_from(data, at)
