@@ -1,19 +1,23 @@
 """A worker's persistent connections to a sibling's frame socket: a forwarded request out, its answer back.
 
-The client half of ``forward_frames.py``: the receiving worker writes one
-``ASK`` frame (head, meta and body in one write) on an idle pooled
-connection and gets the answer as the owner framed it: a whole body, or an
+The client half of ``forward_frames.py``. Writes (everything but ``GET`` and
+``HEAD``) go on one shared connection per sibling, each ``ASK`` frame with
+its own id, queued and written once per turn of the event loop; answers come
+back whole and are matched by id; a request whose caller left is stopped on
+the owner with ``CANCEL``; one timer per connection fails requests past their
+read timeout. Reads, which may stream, go one at a time on a pooled
+connection and get the answer as the owner framed it: a whole body, or an
 event stream as ``CHUNK`` frames, passed on as they arrive (the connection
 stops reading while the client's reader is behind, so a slow reader holds the
-owner back rather than this worker's memory). No HTTP is written or parsed on
-either side.
+owner back rather than this worker's memory); a caller that left closes that
+connection, which stops the read on the owner. No HTTP is written or parsed
+on either side.
 
 A failure says whether the request may have reached the owner
-(``ChannelFailed.sent``): a connection that could not be opened means it
-did not; one lost after the frame was written means it may have (the
-caller, ``forward.py``, then never resends a write that is not idempotent).
-A caller cancelled while waiting (its client left) closes the connection,
-which cancels the request on the owner.
+(``ChannelFailed.sent``): a connection that could not be opened, or a frame
+still queued when the connection was lost, means it did not; one lost after
+the frame was written means it may have (the caller, ``forward.py``, then
+never resends a write that is not idempotent).
 """
 
 from __future__ import annotations
@@ -280,6 +284,7 @@ class _MuxConn(asyncio.Protocol):
         self.lost = False
         self._next = 0
         self._out: list[bytes] = []
+        self._queued: list[_Pending] = []  # requests in ``_out``, not written yet
         self._sweeping: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -325,6 +330,7 @@ class _MuxConn(asyncio.Protocol):
         if not self._out:
             loop.call_soon(self._flush)
         self._out += parts
+        self._queued.append(pending)
         if self._sweeping is None:
             self._sweeping = loop.call_later(_SWEEP_S, self._sweep)
         return rid, pending
@@ -340,12 +346,16 @@ class _MuxConn(asyncio.Protocol):
 
     def _flush(self) -> None:
         out, self._out = self._out, []
+        queued, self._queued = self._queued, []
         transport = self.transport
         if not out or transport is None or self.lost:
             return
-        for p in self.pending.values():
+        for p in queued:
             p.sent = True
-        transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if len(out) == 1:
+            transport.write(out[0])
+        else:  # one write for all (a large body is not copied into a joined buffer)
+            transport.writelines(out)
 
     def _sweep(self) -> None:
         """Fail requests past their read timeout (one timer per connection, not one per request)."""

@@ -13,12 +13,17 @@ meanwhile, answers 503 with a retry hint (a forwarded request is never
 forwarded again). The request was counted, logged and given its request id
 by the worker the client reached; here it only runs under that id.
 
-The answer goes back framed: a whole body in one frame, or a streamed one
-(SSE) as chunks, written as the owner produces them and paused while the
-socket is full (the receiving worker stops reading while its client is
-behind). A stream that fails here is sent as ``CUT``, so the client sees a
-cut stream, never a clean end. A connection closed by the receiving worker
-(its client left, it timed out, it died) cancels the request's task.
+The answer goes back framed, with the request's id. On the shared
+(multiplexed) connection writes come on, requests run concurrently and their
+answers, whole, are queued and written once per turn of the event loop (a
+group commit acknowledges many appends at once: one system call for all their
+answers); a ``CANCEL`` stops one request. On a dedicated connection (reads) a
+streamed answer (SSE) goes as chunks, written as the owner produces them and
+paused while the socket is full (the receiving worker stops reading while its
+client is behind); a stream that fails here is sent as ``CUT``, so the client
+sees a cut stream, never a clean end. A connection closed by the receiving
+worker (its clients left, it timed out, it died) cancels every request it
+carried.
 """
 
 from __future__ import annotations
@@ -186,7 +191,10 @@ class _Serving(asyncio.Protocol):
         out, self._out = self._out, []
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if len(out) == 1:
+                transport.write(out[0])
+            else:  # one write for all (a large body is not copied into a joined buffer)
+                transport.writelines(out)
 
     async def _serve(self, rid: int, ask: Ask, body: bytes) -> None:
         REQUEST_ID.set(ask.request_id or None)
