@@ -462,3 +462,42 @@ def test_a_streamed_answer_to_a_write_comes_back_whole(tmp_path: Path, loop: str
         assert (answer.status, answer.body) == (200, b"abc")
 
     _run(tmp_path, handler, scenario, loop)
+
+
+def test_a_sibling_without_a_frame_socket_is_asked_over_http(tmp_path: Path, loop: str) -> None:
+    heads: list[bytes] = []
+
+    async def http_sibling(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(v)
+            for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+            if k.lower() == b"content-length"
+        )
+        heads.append(head + await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nLocation: /x\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        sock = tmp_path / "w1.sock"  # an HTTP socket, and no frame socket beside it
+        server = await asyncio.start_unix_server(http_sibling, str(sock))
+        forwarder = Forwarder("w0", connect_timeout_s=2, read_timeout_s=10)
+        try:
+            answer = await forwarder.forward(
+                _request("POST", "/v1/stream/s", b"body"), unix_url(str(sock)), 0
+            )
+            assert (answer.status, answer.body, answer.headers.get("Location")) == (201, b"ok", "/x")
+            [head] = heads
+            assert head.startswith(b"POST /v1/stream/s HTTP/1.1\r\n") and head.endswith(b"\r\n\r\nbody")
+            assert b"Tiered-Forwarded-By: w0" in head
+        finally:
+            await forwarder.close()
+            server.close()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
