@@ -21,10 +21,13 @@ from tiered.api.kit.errors import error_response
 from tiered.api.kit.target import parse_target
 from tiered.api.kit.types import Handler, Request, Response
 from tiered.cluster.gateway.forward import Forwarder, ForwardFailed, unix_url
-from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, frames_socket
+from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, _Conn, frames_socket
 from tiered.cluster.gateway.forward_frames import (
     ASK,
     CANCEL,
+    CHUNK,
+    END,
+    HEAD,
     HEAD_SIZE,
     WHOLE,
     Ask,
@@ -501,3 +504,60 @@ def test_a_sibling_without_a_frame_socket_is_asked_over_http(tmp_path: Path, loo
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+class _Transport:
+    """A connection's transport as the channel sees it: what it was told (reading paused, closed)."""
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.closed = False
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.written += parts
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_connection_paused_for_a_slow_reader_reads_again_before_it_is_pooled() -> None:
+    """The end of a streamed answer arrives in the same read as the chunk that paused the connection
+    (the reader is behind): it goes back to the pool reading, and the reader draining the rest of the
+    answer (or leaving) no longer touches it."""
+
+    async def main() -> None:
+        channel = FrameChannel("/nowhere.frames", connect_timeout_s=1, read_timeout_s=5, max_body=MiB)
+        conn = _Conn(channel, MiB)
+        transport = _Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        answer = conn.send([b"ask"], 5)
+        big = b"x" * (300 * 1024)  # over what is held for a slow reader
+        conn.data_received(
+            frame(HEAD, Said(200, {})) + frame(CHUNK, None, b"first") + frame(CHUNK, None, big) + frame(END)
+        )
+        got = await answer
+        assert channel._idle == [conn] and conn.idle
+        assert transport.reading  # paused by the big chunk, resumed at the end
+        assert not isinstance(got.body, bytes)
+        body = got.body.__aiter__()
+        assert await body.__anext__() == b"first"
+        transport.pause_reading()  # the connection's next request, paused for its own reader
+        assert await body.__anext__() == big
+        assert not transport.reading  # the old answer's reader did not resume the new one
+        await body.aclose()  # type: ignore[attr-defined]
+        assert not transport.closed  # leaving after the end closes nothing
+
+    asyncio.run(main())

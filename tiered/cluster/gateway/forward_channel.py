@@ -125,7 +125,8 @@ class _Stream:
                 self._waiter = None
         chunk = self._chunks.popleft()
         self._held -= len(chunk)
-        if self._held <= _HOLD_BYTES // 2:
+        if self._held <= _HOLD_BYTES // 2 and self._end is None:
+            # Only while the answer is still arriving: after its end the connection may carry another.
             self._conn.resume()
         return chunk
 
@@ -210,7 +211,10 @@ class _Conn(asyncio.Protocol):
         if kind == CHUNK:
             stream.push(body)
         elif kind == END:
+            # The whole answer is here (what the reader has not taken is held by its stream): the
+            # connection reads again before it is pooled, or the next request on it would wait forever.
             self.stream = None
+            self.resume()
             stream.finish("end")
             self.channel.release(self)
         elif kind == CUT:
@@ -258,7 +262,13 @@ class _Conn(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        return not self.lost and self.answer is None and self.stream is None and not self.reader.pending
+        return (
+            not self.lost
+            and not self._paused
+            and self.answer is None
+            and self.stream is None
+            and not self.reader.pending
+        )
 
 
 class _Pending:
