@@ -14,9 +14,11 @@ import stat
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.deadlines import scaled
 from tiered.api.kit.errors import error_response
 from tiered.api.kit.target import parse_target
 from tiered.api.kit.types import Handler, Request, Response
@@ -561,3 +563,52 @@ def test_a_connection_paused_for_a_slow_reader_reads_again_before_it_is_pooled()
         assert not transport.closed  # leaving after the end closes nothing
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("opens", [True, False])
+def test_a_write_whose_client_leaves_while_the_shared_connection_opens_leaves_alone(
+    tmp_path: Path, loop: str, opens: bool
+) -> None:
+    """The first write starts opening the shared connection; its client leaves before it is open. The
+    write that waits for the same connection is sent on it, or, if it could not be opened, fails as
+    never sent (the forwarder then asks over HTTP), never as if its own client had left."""
+    served: list[bytes] = []
+
+    async def handler(request: Request) -> Response:
+        served.append(await request.body())
+        return Response(204)
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        channel = FrameChannel(str(owner.path), connect_timeout_s=2, read_timeout_s=5, max_body=MiB)
+        opening = asyncio.Event()
+        real_open = channel._open
+
+        async def slow_open(factory: Callable[[], Any]) -> Any:
+            await opening.wait()
+            if not opens:
+                raise ChannelFailed("cannot connect", sent=False)
+            return await real_open(factory)
+
+        channel._open = slow_open  # type: ignore[method-assign]
+        ask = Ask("POST", "/v1/stream/s", "", {}, "http", "", "")
+        first = asyncio.ensure_future(channel.request(ask, b"first"))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(channel.request(ask, b"second"))
+        await asyncio.sleep(0)
+        first.cancel()  # the first write's client leaves while the connection is being opened
+        await asyncio.sleep(0)
+        opening.set()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        try:
+            if opens:
+                answer = await asyncio.wait_for(second, scaled(10))
+                assert answer.status == 204 and served == [b"second"]
+            else:
+                with pytest.raises(ChannelFailed) as failed:
+                    await asyncio.wait_for(second, scaled(10))
+                assert not failed.value.sent and served == []
+        finally:
+            await channel.close()
+
+    _run(tmp_path, handler, scenario, loop)

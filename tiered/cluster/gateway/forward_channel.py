@@ -396,9 +396,12 @@ class FrameChannel:
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._mux: _MuxConn | None = None
-        self._mux_connecting: asyncio.Future[_MuxConn] | None = None
+        self._mux_connecting: asyncio.Task[_MuxConn] | None = None
 
     async def close(self) -> None:
+        connecting, self._mux_connecting = self._mux_connecting, None
+        if connecting is not None:
+            connecting.cancel()
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -440,19 +443,22 @@ class FrameChannel:
         if mux is not None and not mux.lost:
             return mux
         connecting = self._mux_connecting
-        if connecting is None:  # one connect for every request waiting for it
-            connecting = self._mux_connecting = asyncio.get_running_loop().create_future()
-            try:
-                _, mux = await self._open(lambda: _MuxConn(self, self.max_body))
-            except BaseException as exc:
-                self._mux_connecting = None
-                connecting.set_exception(exc)
-                connecting.exception()  # retrieved: the waiters (if any) raise it too
-                raise
-            self._mux, self._mux_connecting = mux, None
-            connecting.set_result(mux)
-            return mux
+        if connecting is None:  # one connect for every request waiting for it, in a task of its own:
+            # a caller that leaves (cancelled) while it runs leaves alone, the others still get it
+            connecting = self._mux_connecting = asyncio.ensure_future(self._open_shared())
+            connecting.add_done_callback(_retrieved)
         return await asyncio.shield(connecting)
+
+    async def _open_shared(self) -> _MuxConn:
+        try:
+            _, mux = await self._open(lambda: _MuxConn(self, self.max_body))
+        except asyncio.CancelledError:  # only ``close`` cancels it: nothing was sent
+            raise ChannelFailed(f"{self.path}: the channel closed while connecting", sent=False) from None
+        finally:
+            if self._mux_connecting is asyncio.current_task():
+                self._mux_connecting = None
+        self._mux = mux
+        return mux
 
     async def request(self, ask: Ask, body: bytes, *, read_timeout_s: float | None = None) -> Answer:
         """Send ``ask`` and its ``body``; the answer, its body whole or streamed (an event stream).
@@ -481,3 +487,9 @@ class FrameChannel:
 
 
 _READS = frozenset({"GET", "HEAD"})
+
+
+def _retrieved(task: asyncio.Task[_MuxConn]) -> None:
+    """A connect's failure is its waiters' to raise; with none left, it is not an unretrieved error."""
+    if not task.cancelled():
+        task.exception()
