@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.deadlines import scaled
-from tiered.api.kit.errors import error_response
+from tiered.api.kit.errors import ClientDisconnected, error_response
 from tiered.api.kit.target import parse_target
 from tiered.api.kit.types import Handler, Request, Response
 from tiered.cluster.gateway.forward import Forwarder, ForwardFailed, unix_url
@@ -610,5 +610,39 @@ def test_a_write_whose_client_leaves_while_the_shared_connection_opens_leaves_al
                 assert not failed.value.sent and served == []
         finally:
             await channel.close()
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])  # a read's own connection; the shared one
+@pytest.mark.parametrize("fault", ["undecodable header", "client disconnected"])
+def test_a_request_the_owner_cannot_answer_fails_at_once_never_at_the_timeout(
+    tmp_path: Path, loop: str, method: str, fault: str
+) -> None:
+    """An answer that cannot be framed (a header value that is not text), or a handler that ends as if
+    its client left: the request is cut (a 503 to retry, the outcome unknown) at once, and the
+    connection serves the next request."""
+
+    async def handler(request: Request) -> Response:
+        if request.path.endswith("/fine"):
+            return Response(200, {}, b"fine")
+        if fault == "client disconnected":
+            raise ClientDisconnected("as if")
+        return Response(200, {"X-Odd": "\udcff"}, b"applied")
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        channel = FrameChannel(str(owner.path), connect_timeout_s=2, read_timeout_s=600, max_body=MiB)
+        ask = Ask(method, "/v1/stream/s", "", {}, "http", "", "")
+        try:
+            with pytest.raises(ChannelFailed) as failed:
+                await asyncio.wait_for(channel.request(ask, b"x"), scaled(5))
+            assert failed.value.sent
+            fine = Ask(method, "/v1/stream/fine", "", {}, "http", "", "")
+            answer = await asyncio.wait_for(channel.request(fine, b"x"), scaled(5))
+            assert (answer.status, answer.body) == (200, b"fine")
+        finally:
+            await channel.close()
+        answer = error_response(ForwardFailed(0, str(failed.value), sent=True))
+        assert answer.status == 503 and answer.headers.get("Retry-After") == "1"
 
     _run(tmp_path, handler, scenario, loop)

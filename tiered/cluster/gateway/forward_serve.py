@@ -197,13 +197,34 @@ class _Serving(asyncio.Protocol):
                 transport.writelines(out)
 
     async def _serve(self, rid: int, ask: Ask, body: bytes) -> None:
+        """Serve one request; it always gets an answer, or is cut (never left to the sender's timeout)."""
         REQUEST_ID.set(ask.request_id or None)
+        answered = False
+        try:
+            await self._answer(rid, ask, body)
+            answered = True
+        except ClientDisconnected:  # the body is whole here: nothing the sender's client did
+            log.warning("a forwarded %s %s ended as if its client had left", ask.method, ask.path[:200])
+        except Exception:  # an answer that cannot be framed (a header value that is not text): a bug
+            log.exception("a forwarded %s %s could not be answered", ask.method, ask.path[:200])
+        finally:  # cancelled (the sender left or cancelled it): no answer is wanted
+            self.tasks.pop(rid, None)
+        if not answered:
+            self._cut(rid)
+
+    def _cut(self, rid: int) -> None:
+        """No answer for ``rid``: the sender's caller gets a 503 to retry (the outcome unknown) at once."""
+        if rid:
+            self._send([frame(CUT, rid=rid)])
+        else:  # a dedicated connection: closing it fails its one request, whatever was written of it
+            self.close()
+
+    async def _answer(self, rid: int, ask: Ask, body: bytes) -> None:
         request = ForwardedRequest(ask, body)
         try:
             response = await self.server.handler(request)
         except ClientDisconnected:
-            self.tasks.pop(rid, None)
-            return
+            raise
         except Exception:  # the handler maps every error; this is a bug, answered as the mapper would
             log.exception("internal error serving a forwarded %s %s", ask.method, ask.path[:200])
             response = error_response(TieredError(ErrorCode.INTERNAL_ERROR, "internal error"))
@@ -218,7 +239,6 @@ class _Serving(asyncio.Protocol):
         if not isinstance(answer, bytes) and rid != 0:
             answer = await _collected(answer, said, ask.path)
         if isinstance(answer, bytes):
-            self.tasks.pop(rid, None)
             self._send(frame_parts(WHOLE, said, answer, rid))
             return
         await self._stream(transport, said, answer, ask.path)
@@ -241,12 +261,10 @@ class _Serving(asyncio.Protocol):
             raise
         except Exception as exc:
             log.warning("forwarded streaming response to %s ended by an error: %s", path[:200], exc)
-            self.tasks.pop(0, None)
             transport.write(frame(CUT))
             return
         finally:
             await _close_body(body)
-        self.tasks.pop(0, None)
         transport.write(frame(END))
 
 
