@@ -646,3 +646,36 @@ def test_a_request_the_owner_cannot_answer_fails_at_once_never_at_the_timeout(
         assert answer.status == 503 and answer.headers.get("Retry-After") == "1"
 
     _run(tmp_path, handler, scenario, loop)
+
+
+@pytest.mark.parametrize("fault", ["too large", "failed"])
+def test_a_streamed_answer_to_a_write_that_cannot_come_back_whole_is_a_503_to_retry(
+    tmp_path: Path, loop: str, fault: str
+) -> None:
+    """Past what the sender takes in one frame, or failing half way: cut, so the client gets a 503 with
+    Retry-After (the outcome unknown), never a 500; the shared connection carries on."""
+
+    async def parts() -> AsyncIterator[bytes]:
+        for _ in range(3):
+            yield b"x" * 600
+        if fault == "failed":
+            raise OSError("the disk went away")
+
+    async def handler(request: Request) -> Response:
+        if request.path.endswith("/fine"):
+            return Response(204)
+        return Response(200, {"Content-Type": "application/json"}, parts())
+
+    async def scenario(owner: Owner, forwarder: Forwarder) -> None:
+        owner.server.max_answer_bytes = 1000 if fault == "too large" else 10_000
+        with pytest.raises(ForwardFailed) as failed:
+            await asyncio.wait_for(
+                forwarder.forward(_request("POST", "/v1/stream/s", b"x"), owner.url, 0), scaled(5)
+            )
+        assert failed.value.sent
+        answer = error_response(failed.value)
+        assert answer.status == 503 and answer.headers.get("Retry-After") == "1"
+        fine = await forwarder.forward(_request("POST", "/v1/stream/fine", b"x"), owner.url, 0)
+        assert fine.status == 204 and len(owner.server.connections) == 1
+
+    _run(tmp_path, handler, scenario, loop)

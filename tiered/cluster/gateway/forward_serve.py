@@ -121,11 +121,6 @@ class ForwardedRequest(Request):
             self._query = query if isinstance(query, dict) else dict(query)
 
 
-#: A streamed answer to a request on a multiplexed connection is collected whole, up to this many bytes
-#: (writes are answered with small bodies; only reads stream, and they come on dedicated connections).
-MUX_STREAM_LIMIT = 16 * 1024 * 1024
-
-
 class _Serving(asyncio.Protocol):
     """One connection from a sibling: requests by id, answers written once per turn of the loop."""
 
@@ -237,7 +232,11 @@ class _Serving(asyncio.Protocol):
         )
         answer = response.body
         if not isinstance(answer, bytes) and rid != 0:
-            answer = await _collected(answer, said, ask.path)
+            collected = await _collected(answer, self.server.max_answer_bytes, ask.path)
+            if collected is None:  # cut: the sender's caller gets a 503 to retry (the outcome unknown)
+                self._cut(rid)
+                return
+            answer = collected
         if isinstance(answer, bytes):
             self._send(frame_parts(WHOLE, said, answer, rid))
             return
@@ -268,22 +267,21 @@ class _Serving(asyncio.Protocol):
         transport.write(frame(END))
 
 
-async def _collected(body: AsyncIterator[bytes], said: Said, path: str) -> bytes | AsyncIterator[bytes]:
-    """A streamed answer to a multiplexed request, whole (bounded); past the bound, an error to send."""
+async def _collected(body: AsyncIterator[bytes], limit: int, path: str) -> bytes | None:
+    """A streamed answer to a multiplexed request, whole: at most ``limit`` bytes, what the sender takes
+    in one frame. None: past that, or failed, so it is cut (the sender answers 503, the outcome unknown),
+    never a 500. (Only reads stream, and they come on dedicated connections: this is a safety net.)"""
     parts: list[bytes] = []
     size = 0
     try:
         async for chunk in body:
             parts.append(chunk)
             size += len(chunk)
-            if size > MUX_STREAM_LIMIT:
-                raise ValueError(f"over {MUX_STREAM_LIMIT} bytes")
+            if size > limit:
+                raise ValueError(f"over {limit} bytes")
     except Exception as exc:
         log.warning("a forwarded answer to %s could not be collected: %s", path[:200], exc)
-        refused = error_response(TieredError(ErrorCode.INTERNAL_ERROR, "internal error"))
-        said.status, said.headers = refused.status, refused.headers
-        assert isinstance(refused.body, bytes)
-        return refused.body
+        return None
     finally:
         await _close_body(body)
     return b"".join(parts)
@@ -299,9 +297,14 @@ async def _close_body(body: bytes | AsyncIterator[bytes]) -> None:
 class FrameServer:
     """Serves framed requests from sibling workers on a Unix socket only this user can open."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, handler: Handler, *, max_body_bytes: int, max_answer_bytes: int = 16 * 1024 * 1024
+    ) -> None:
+        """``max_answer_bytes``: the largest whole answer the sending workers take (a streamed answer to
+        a write is collected up to it)."""
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.max_answer_bytes = max_answer_bytes
         self.connections: set[_Serving] = set()
         self._server: asyncio.AbstractServer | None = None
 
