@@ -30,6 +30,7 @@ from tiered.api.kit.rsgi_server import RsgiListener
 from tiered.cli.heap import tune_collector
 from tiered.cluster.gateway.forward import unix_url
 from tiered.cluster.gateway.forward_channel import frames_socket
+from tiered.cluster.gateway.forward_frames import max_answer_bytes
 from tiered.cluster.gateway.forward_serve import FrameServer
 from tiered.cluster.server import ClusterServer, open_cluster
 from tiered.cluster.workers.handler import build_forwarded_handler, build_worker_handler
@@ -109,7 +110,11 @@ async def run_worker(spec: WorkerSpec) -> None:
         await internal.start_unix(spec.socket(spec.index))
         # Siblings forward requests here in frames (``tiered/cluster/gateway/forward_frames.py``); the HTTP
         # socket above serves the rest (metrics scrapes, bodies too large to hold whole).
-        frames = FrameServer(build_forwarded_handler(cluster), max_body_bytes=config.max_body_bytes)
+        frames = FrameServer(
+            build_forwarded_handler(cluster),
+            max_body_bytes=config.max_body_bytes,
+            max_answer_bytes=max_answer_bytes(config),
+        )
         await frames.start(Path(frames_socket(str(spec.socket(spec.index)))))
         await cluster.join(unix_url(str(spec.socket(spec.index))))
         await _settle(cluster, [worker_id(i) for i in range(spec.count)], stop)

@@ -31,6 +31,7 @@ from typing import Any
 
 from tiered.cluster.compose import ClusterFeatures
 from tiered.cluster.gateway.forward import Forwarder
+from tiered.cluster.gateway.forward_frames import max_answer_bytes
 from tiered.cluster.membership.cas import CasError, CasStore, ObjectStoreCas
 from tiered.cluster.membership.identity import NodeIdInUse
 from tiered.cluster.membership.lease import LeaseTiming
@@ -131,6 +132,7 @@ class ClusterServer:
             read_timeout_s=max(30.0, config.long_poll_timeout_s + 10),
             # Large bodies (stored by reference on the owner) are streamed on, not held here.
             stream_above=config.large_body_threshold_bytes or config.max_body_bytes,
+            max_answer_bytes=max_answer_bytes(config),  # from a sibling worker, in one frame
         )
         self.supervisor = supervisor or Supervisor(clock)
         self.features = ClusterFeatures(

@@ -38,8 +38,10 @@ from tiered.cluster.gateway.forward_frames import (
     Said,
     decode_ask,
     frame,
+    max_answer_bytes,
 )
 from tiered.cluster.gateway.forward_serve import FrameHeaders, FrameServer
+from tiered.core.config import Config
 from tiered.core.logs import REQUEST_ID
 
 MiB = 1024 * 1024
@@ -677,5 +679,35 @@ def test_a_streamed_answer_to_a_write_that_cannot_come_back_whole_is_a_503_to_re
         assert answer.status == 503 and answer.headers.get("Retry-After") == "1"
         fine = await forwarder.forward(_request("POST", "/v1/stream/fine", b"x"), owner.url, 0)
         assert fine.status == 204 and len(owner.server.connections) == 1
+
+    _run(tmp_path, handler, scenario, loop)
+
+
+def test_the_answer_a_worker_takes_whole_is_bounded_by_what_the_service_answers_whole(
+    tmp_path: Path, loop: str
+) -> None:
+    """A node's bound covers every body it answers whole; an answer past the sender's bound fails the
+    request (a 503 to retry) as soon as its frame's head arrives, never buffered; the next is served."""
+    config = Config(max_body_bytes=8 * MiB, read_chunk_bytes=2 * MiB)
+    bound = max_answer_bytes(config)
+    assert bound >= config.stream_snapshot_max_bytes + config.bootstrap_max_bytes
+    assert bound >= config.max_body_bytes and bound < 2**31
+
+    async def handler(request: Request) -> Response:
+        return Response(200, {}, b"x" * (100 if request.path.endswith("/small") else 5000))
+
+    async def scenario(owner: Owner, _: Forwarder) -> None:
+        forwarder = Forwarder("w0", connect_timeout_s=2, read_timeout_s=600, max_answer_bytes=1000)
+        try:
+            for method in ("GET", "POST"):
+                with pytest.raises(ForwardFailed) as failed:
+                    await asyncio.wait_for(
+                        forwarder.forward(_request(method, "/v1/stream/big", b"x"), owner.url, 0), scaled(5)
+                    )
+                assert failed.value.sent
+                small = await forwarder.forward(_request(method, "/v1/stream/small", b"x"), owner.url, 0)
+                assert small.body == b"x" * 100
+        finally:
+            await forwarder.close()
 
     _run(tmp_path, handler, scenario, loop)

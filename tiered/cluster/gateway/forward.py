@@ -34,7 +34,7 @@ import aiohttp
 from tiered.api.kit.target import Target
 from tiered.api.kit.types import Request, Response
 from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, frames_socket
-from tiered.cluster.gateway.forward_frames import HOP_BY_HOP, Ask
+from tiered.cluster.gateway.forward_frames import HOP_BY_HOP, MAX_ANSWER, Ask
 from tiered.cluster.gateway.unix_http import UnixHttp, UnixHttpFailed
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.logs import REQUEST_ID
@@ -79,8 +79,6 @@ STREAM_ABOVE = 8 * 1024 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
 _FORWARDED_BY = FORWARDED_BY.lower()
-#: A forwarded answer's body, whole in one frame, at most (a read's answer is bounded far below).
-_MAX_ANSWER = 2**32 - 1
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
 _MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
 
@@ -131,9 +129,13 @@ class Forwarder:
         connect_timeout_s: float = 2.0,
         read_timeout_s: float = 120.0,
         stream_above: int = STREAM_ABOVE,
+        max_answer_bytes: int = MAX_ANSWER,
     ) -> None:
-        """``stream_above``: bodies declared larger are streamed on (the large-body threshold)."""
+        """``stream_above``: bodies declared larger are streamed on (the large-body threshold);
+        ``max_answer_bytes``: the largest whole answer taken from a sibling worker in one frame
+        (``forward_frames.max_answer_bytes``: a larger one fails the request, never buffered whole)."""
         self.node_id = node_id
+        self.max_answer_bytes = max_answer_bytes
         self.stream_above = stream_above
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -178,7 +180,7 @@ class Forwarder:
                 frames_socket(path),
                 connect_timeout_s=self._connect_timeout_s,
                 read_timeout_s=self._read_timeout_s,
-                max_body=_MAX_ANSWER,
+                max_body=self.max_answer_bytes,
             )
         return channel
 

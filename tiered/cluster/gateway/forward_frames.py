@@ -55,6 +55,7 @@ import struct
 import msgspec
 
 from tiered.api.kit.target import Target
+from tiered.core.config import Config
 
 __all__ = [
     "ASK",
@@ -65,6 +66,7 @@ __all__ = [
     "HEAD",
     "HEAD_SIZE",
     "HOP_BY_HOP",
+    "MAX_ANSWER",
     "MAX_META",
     "WHOLE",
     "Ask",
@@ -76,6 +78,7 @@ __all__ = [
     "decode_said",
     "frame",
     "frame_parts",
+    "max_answer_bytes",
 ]
 
 ASK = 0x51  # "Q"
@@ -108,6 +111,25 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+
+
+#: Room in a whole answer beyond the largest body the service puts in one (its JSON envelope, a page of a
+#: listing, the parts' heads of a bootstrap read).
+_ANSWER_ROOM = 4 * 1024 * 1024
+#: ``max_answer_bytes`` unless told (what the default settings give, rounded up).
+MAX_ANSWER = 64 * 1024 * 1024
+
+
+def max_answer_bytes(config: Config) -> int:
+    """The largest whole answer a worker takes from a sibling in one frame (a larger frame is refused
+    before its body is buffered): the largest body the service answers with whole (a catch-up read's
+    chunk, a stream snapshot and its bootstrap updates, a request body echoed back), and room."""
+    largest = max(
+        config.max_body_bytes,
+        config.read_chunk_bytes,
+        config.stream_snapshot_max_bytes + config.bootstrap_max_bytes,
+    )
+    return largest + _ANSWER_ROOM
 
 
 class FrameError(Exception):

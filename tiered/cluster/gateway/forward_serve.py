@@ -46,6 +46,7 @@ from tiered.cluster.gateway.forward_frames import (
     END,
     HEAD,
     HOP_BY_HOP,
+    MAX_ANSWER,
     WHOLE,
     Ask,
     FrameError,
@@ -297,9 +298,7 @@ async def _close_body(body: bytes | AsyncIterator[bytes]) -> None:
 class FrameServer:
     """Serves framed requests from sibling workers on a Unix socket only this user can open."""
 
-    def __init__(
-        self, handler: Handler, *, max_body_bytes: int, max_answer_bytes: int = 16 * 1024 * 1024
-    ) -> None:
+    def __init__(self, handler: Handler, *, max_body_bytes: int, max_answer_bytes: int = MAX_ANSWER) -> None:
         """``max_answer_bytes``: the largest whole answer the sending workers take (a streamed answer to
         a write is collected up to it)."""
         self.handler = handler
