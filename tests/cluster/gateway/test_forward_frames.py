@@ -20,9 +20,11 @@ import pytest
 
 from tests.support.deadlines import scaled
 from tiered.api.kit.errors import ClientDisconnected, error_response
+from tiered.api.kit.rsgi_server import RsgiHeaders
 from tiered.api.kit.target import parse_target
 from tiered.api.kit.types import Handler, Request, Response
 from tiered.cluster.gateway.forward import Forwarder, ForwardFailed, unix_url
+from tiered.cluster.gateway.forward_batch import TurnBatch
 from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, _Conn, frames_socket
 from tiered.cluster.gateway.forward_frames import (
     ASK,
@@ -40,7 +42,7 @@ from tiered.cluster.gateway.forward_frames import (
     frame,
     max_answer_bytes,
 )
-from tiered.cluster.gateway.forward_serve import FrameHeaders, FrameServer
+from tiered.cluster.gateway.forward_serve import FrameServer
 from tiered.core.config import Config
 from tiered.core.logs import REQUEST_ID
 
@@ -52,7 +54,7 @@ MiB = 1024 * 1024
 
 def _ask(path: str = "/v1/stream/a", **headers: str) -> Ask:
     query = {"offset": "-1"}
-    target = parse_target("GET", path, query, FrameHeaders({}))
+    target = parse_target("GET", path, query, RsgiHeaders({}))
     return Ask("GET", path, "offset=-1", dict(headers), "http", "h:1", "rid-1", target)
 
 
@@ -153,7 +155,7 @@ def _request(method: str, path: str, body: bytes = b"", query: str = "", **heade
         return body
 
     lowered = {k.lower().replace("_", "-"): v for k, v in headers.items()}
-    return Request(method, path, query, FrameHeaders(lowered), read, host="node.example:8080")
+    return Request(method, path, query, RsgiHeaders(lowered), read, host="node.example:8080")
 
 
 def test_a_forwarded_request_reaches_the_owner_as_the_receiver_parsed_it(tmp_path: Path, loop: str) -> None:
@@ -206,7 +208,7 @@ def test_the_owner_judges_the_target_it_was_routed_by_and_never_parses_again(
 
     async def scenario(owner: Owner, forwarder: Forwarder) -> None:
         channel = FrameChannel(str(owner.path), connect_timeout_s=2, read_timeout_s=5, max_body=MiB)
-        routed = parse_target("GET", "/v1/buckets/routed/stream/x", {}, FrameHeaders({}))
+        routed = parse_target("GET", "/v1/buckets/routed/stream/x", {}, RsgiHeaders({}))
         ask = Ask("GET", "/v1/buckets/other/stream/y", "", {}, "http", "", "", routed)
         answer = await channel.request(ask, b"")
         await channel.close()
@@ -711,3 +713,23 @@ def test_the_answer_a_worker_takes_whole_is_bounded_by_what_the_service_answers_
             await forwarder.close()
 
     _run(tmp_path, handler, scenario, loop)
+
+
+def test_frames_queued_in_one_turn_of_the_loop_leave_in_one_write() -> None:
+    writes: list[list[bytes]] = []
+
+    async def main() -> None:
+        batch = TurnBatch(writes.append)
+        batch.add([b"a"])
+        batch.add([b"b", b"c"])
+        assert writes == []  # nothing before the turn ends
+        await asyncio.sleep(0)
+        assert writes == [[b"a", b"b", b"c"]]
+        batch.add([b"d"])
+        batch.flush()  # before something written directly: the order kept
+        batch.add([b"e"])
+        batch.clear()  # the connection went: nothing more is written
+        await asyncio.sleep(0)
+        assert writes == [[b"a", b"b", b"c"], [b"d"]]
+
+    asyncio.run(main())

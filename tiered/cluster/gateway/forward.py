@@ -58,20 +58,7 @@ FORWARDED_BY = "Tiered-Forwarded-By"
 REDIRECT_HEADER = "Tiered-Redirect"
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the client library recomputes.
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
+_HOP = HOP_BY_HOP | {"host", "content-length"}
 _CHUNK = 64 * 1024
 #: Bodies declared larger than this (by default) are streamed to the owner, not read whole first;
 #: smaller ones are held, so a forward that failed before sending can be sent again.

@@ -28,6 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar, cast
 
+from tiered.cluster.gateway.forward_batch import TurnBatch, write_all
 from tiered.cluster.gateway.forward_frames import (
     ASK,
     CANCEL,
@@ -182,10 +183,7 @@ class _Conn(asyncio.Protocol):
         self.answer = answer = loop.create_future()
         self.timeout_s = timeout_s
         self.timer = loop.call_later(timeout_s, self._timed_out)
-        if len(parts) == 1:
-            self.transport.write(parts[0])
-        else:
-            self.transport.writelines(parts)
+        write_all(self.transport, parts)
         return answer
 
     def _frame(self, kind: int, meta: bytes, body: bytes) -> None:
@@ -293,8 +291,8 @@ class _MuxConn(asyncio.Protocol):
         self.pending: dict[int, _Pending] = {}
         self.lost = False
         self._next = 0
-        self._out: list[bytes] = []
-        self._queued: list[_Pending] = []  # requests in ``_out``, not written yet
+        self._batch = TurnBatch(self._write)
+        self._queued: list[_Pending] = []  # requests in the batch, not written yet
         self._sweeping: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -337,9 +335,7 @@ class _MuxConn(asyncio.Protocol):
         self._next = rid = self._next % 0xFFFFFFFF + 1
         parts = frame_parts(ASK, ask, body, rid)
         pending = self.pending[rid] = _Pending(loop.create_future(), loop.time() + timeout_s)
-        if not self._out:
-            loop.call_soon(self._flush)
-        self._out += parts
+        self._batch.add(parts)
         self._queued.append(pending)
         if self._sweeping is None:
             self._sweeping = loop.call_later(_SWEEP_S, self._sweep)
@@ -350,22 +346,16 @@ class _MuxConn(asyncio.Protocol):
         with its ``CANCEL`` right behind it, so the owner never starts it."""
         self.pending.pop(rid, None)
         if not self.lost:
-            if not self._out:
-                asyncio.get_running_loop().call_soon(self._flush)
-            self._out.append(frame(CANCEL, rid=rid))
+            self._batch.add([frame(CANCEL, rid=rid)])
 
-    def _flush(self) -> None:
-        out, self._out = self._out, []
+    def _write(self, out: list[bytes]) -> None:
         queued, self._queued = self._queued, []
         transport = self.transport
-        if not out or transport is None or self.lost:
+        if transport is None or self.lost:
             return
         for p in queued:
             p.sent = True
-        if len(out) == 1:
-            transport.write(out[0])
-        else:  # one write for all (a large body is not copied into a joined buffer)
-            transport.writelines(out)
+        write_all(transport, out)
 
     def _sweep(self) -> None:
         """Fail requests past their read timeout (one timer per connection, not one per request)."""

@@ -32,12 +32,14 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from tiered.api.kit.errors import ClientDisconnected, error_response
+from tiered.api.kit.rsgi_server import RsgiHeaders
 from tiered.api.kit.types import Handler, Request
+from tiered.cluster.gateway.forward_batch import TurnBatch, write_all
 from tiered.cluster.gateway.forward_frames import (
     ASK,
     CANCEL,
@@ -59,40 +61,9 @@ from tiered.cluster.gateway.forward_frames import (
 from tiered.core.errors import ErrorCode, TieredError
 from tiered.core.logs import REQUEST_ID
 
-__all__ = ["ForwardedRequest", "FrameHeaders", "FrameServer"]
+__all__ = ["ForwardedRequest", "FrameServer"]
 
 log = logging.getLogger(__name__)
-
-_LOWER: dict[str, str] = {}
-
-
-class FrameHeaders(Mapping[str, str]):
-    """A forwarded request's headers (lower-case names), looked up case-insensitively like the adapters'."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: dict[str, str]) -> None:
-        self._raw = raw
-
-    def get(self, key: str, default: Any = None) -> Any:
-        name = _LOWER.get(key)
-        if name is None:
-            name = key.lower()
-            if len(_LOWER) < 1024:  # the service asks for a fixed set of names
-                _LOWER[key] = name
-        return self._raw.get(name, default)
-
-    def __getitem__(self, key: str) -> str:
-        return self._raw[key.lower()]
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key.lower() in self._raw
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._raw)
-
-    def __len__(self) -> int:
-        return len(self._raw)
 
 
 async def _no_read() -> bytes:  # pragma: no cover - the body is set before anything reads it
@@ -109,7 +80,7 @@ class ForwardedRequest(Request):
             ask.method,
             ask.path,
             ask.query_string,
-            FrameHeaders(ask.headers),
+            RsgiHeaders(ask.headers),  # case-insensitive, as the adapters' (names are lower-case)
             _no_read,
             scheme=ask.scheme,
             host=ask.host,
@@ -130,7 +101,7 @@ class _Serving(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = FrameReader(server.max_body_bytes)
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._out: list[bytes] = []
+        self._batch = TurnBatch(self._write)
         self._drained: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -142,7 +113,7 @@ class _Serving(asyncio.Protocol):
         tasks, self.tasks = self.tasks, {}
         for task in tasks.values():
             task.cancel()  # the sender left (its clients left, or it died): stop what it asked
-        self._out.clear()
+        self._batch.clear()
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
@@ -179,18 +150,12 @@ class _Serving(asyncio.Protocol):
 
     def _send(self, parts: list[bytes]) -> None:
         """Queue frames; everything queued in this turn of the loop leaves in one write."""
-        if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._out += parts
+        self._batch.add(parts)
 
-    def _flush(self) -> None:
-        out, self._out = self._out, []
+    def _write(self, out: list[bytes]) -> None:
         transport = self.transport
-        if out and transport is not None and not transport.is_closing():
-            if len(out) == 1:
-                transport.write(out[0])
-            else:  # one write for all (a large body is not copied into a joined buffer)
-                transport.writelines(out)
+        if transport is not None and not transport.is_closing():
+            write_all(transport, out)
 
     async def _serve(self, rid: int, ask: Ask, body: bytes) -> None:
         """Serve one request; it always gets an answer, or is cut (never left to the sender's timeout)."""
@@ -247,7 +212,7 @@ class _Serving(asyncio.Protocol):
         self, transport: asyncio.Transport, said: Said, body: AsyncIterator[bytes], path: str
     ) -> None:
         """A streamed answer on a dedicated connection: chunks as they come, paused while the socket is full."""
-        self._flush()
+        self._batch.flush()  # what was queued before leaves before this stream
         transport.write(frame(HEAD, said))
         try:
             async for chunk in body:
