@@ -17,6 +17,15 @@ jobs), which is subtracted. Rows:
   every stream and the others only forward; the non-owners' CPU divided by
   the appends they forwarded (``tiered_cluster_forwarded``) is the cost of
   forwarding one append, to compare with the owner's CPU per append.
+* ``direct``: the cost of a forwarded append against a local one on the same
+  node, with nothing left to the kernel's choice: ``--workers 2
+  --worker-shards 1``, and the same append load (a small asyncio HTTP/1.1
+  client in this process, ``--connections`` keep-alive connections) sent
+  straight to one worker's own Unix socket (the socket siblings reach it
+  through, plain HTTP, served by the same handler): first the owner's
+  (``direct-local``: every append local), then the other worker's
+  (``direct-forwarded``: every append forwarded once). Both workers' CPU is
+  counted; the forwarding overhead is (forwarded - local) / local.
 
 Prints a table and, with ``--json``, writes every figure. Loopback only;
 every load run bounded by ``--duration``.
@@ -141,6 +150,210 @@ def wrk(url: str, args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     return dict(json.loads(line[len("BENCH_RESULT ") :]))
 
 
+async def _unix_load(
+    path: str, requests: list[bytes], connections: int, duration_s: float, rate: float = 0.0
+) -> tuple[int, int, list[float]]:
+    """Keep-alive appends over a Unix socket for ``duration_s``: (2xx answers, others, latencies in s).
+
+    ``rate`` > 0: at most that many appends per second in all (each connection keeps its slots), so
+    two rows compared run at the same rate, with the same group-commit batches; 0: as fast as answered.
+    """
+    import asyncio
+
+    ok = bad = 0
+    latencies: list[float] = []
+    begin = time.monotonic()
+    end = begin + duration_s
+
+    async def one(k: int) -> None:
+        nonlocal ok, bad
+        if path.startswith("tcp:"):
+            _, host, port = path.split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+        else:
+            reader, writer = await asyncio.open_unix_connection(path)
+        i = k
+        n = 0
+        try:
+            while time.monotonic() < end:
+                if rate > 0:
+                    slot = begin + (n * connections + k) / rate
+                    n += 1
+                    if slot > time.monotonic():
+                        await asyncio.sleep(slot - time.monotonic())
+                started = time.monotonic()
+                writer.write(requests[i % len(requests)])
+                i += connections
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head[9:12])
+                m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if m and int(m.group(1)):
+                    await reader.readexactly(int(m.group(1)))
+                latencies.append(time.monotonic() - started)
+                if 200 <= status < 300:
+                    ok += 1
+                else:
+                    bad += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one(k) for k in range(connections)))
+    return ok, bad, latencies
+
+
+def _appends(prefix: str, streams: int, size: int) -> list[bytes]:
+    body = b"x" * size
+    return [
+        (
+            f"POST /v1/stream/{prefix}{i} HTTP/1.1\r\nHost: bench\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n\r\n"
+        ).encode()
+        + body
+        for i in range(streams)
+    ]
+
+
+def _sockets(node: Node) -> Path:
+    """The workers' socket directory, from a worker's spec (``tiered/cli/worker.py``)."""
+    pid = next(p for name, p in node.pids().items() if name != "main")
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    spec = next(e for e in env if e.startswith(b"TIERED_WORKER_SPEC="))
+    return Path(json.loads(spec.split(b"=", 1)[1])["sockets"])
+
+
+class _Direct:
+    """One build's nodes for the direct rows: a single process, and two workers with one shard."""
+
+    def __init__(self, name: str, cmd: str, tmp: Path, args: argparse.Namespace) -> None:
+        self.name = name
+        for part in ("single", "workers"):
+            (tmp / f"{name}-{part}").mkdir()
+        self.single = Node(shlex.split(cmd), 1, 1, tmp / f"{name}-single" / "data")
+        self.node = Node(shlex.split(cmd), 2, 1, tmp / f"{name}-workers" / "data")
+        self.prefix = f"bd{int(time.time())}-"
+        self.args = args
+
+    def start(self) -> None:
+        for node in (self.single, self.node):
+            node.wait_up()
+            for i in range(self.args.streams):
+                status, body = http("PUT", f"{node.url}/v1/stream/{self.prefix}{i}")
+                assert status == 201, (status, body)
+        served = self.node.metric("tiered_cluster_shards_served")
+        self.owner = max(served, key=lambda w: served[w])
+        self.other = next(w for w in self.node.pids() if w not in ("main", self.owner))
+        sockets = _sockets(self.node)
+        self.targets = {
+            "single": (self.single, f"tcp:127.0.0.1:{self.single.port}"),
+            "local": (self.node, str(sockets / f"{self.owner}.sock")),
+            "forwarded": (self.node, str(sockets / f"{self.other}.sock")),
+        }
+
+    def stop(self) -> None:
+        self.single.stop()
+        self.node.stop()
+
+
+def run_direct(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``direct-*`` rows (see the docstring): each build's single process, and its two-worker node's
+    local and forwarded appends, interleaved round by round so a change of load hits every row alike."""
+    import asyncio
+
+    try:  # the load generator's own CPU competes with the node's on a small machine: the cheaper loop
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+
+    builds = [("this", args.cmd)] + [tuple(b.split("=", 1)) for b in args.direct_against]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tiered-bench-workers-") as tmp:
+        directs = [_Direct(name, cmd, Path(tmp), args) for name, cmd in builds]
+        try:
+            for d in directs:
+                d.start()
+            requests = _appends(directs[0].prefix, args.streams, args.size)
+            for d in directs:
+                for _, target in d.targets.values():
+                    run(_unix_load(target, _appends(d.prefix, args.streams, args.size), args.connections, 1))
+            idle = _idle_cpu([n for d in directs for n in (d.single, d.node)], args.duration)
+            for _ in range(args.direct_repeat):
+                for d in directs:
+                    requests = _appends(d.prefix, args.streams, args.size)
+                    for what, (node, target) in d.targets.items():
+                        row = _direct_once(run, node, target, requests, idle, args)
+                        row["label"] = f"direct-{what}" + ("" if d.name == "this" else f"@{d.name}")
+                        rows.append(row)
+        finally:
+            for d in directs:
+                d.stop()
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    out = [_median_row([r for r in rows if r["label"] == label]) for label in labels]
+    by_label = {r["label"]: r for r in out}
+    for r in out:
+        base = by_label.get(r["label"].replace("forwarded", "local"))
+        if "forwarded" in r["label"] and base is not None:
+            r["overhead_vs_local"] = (r["cpu_us_per_append_total"] - base["cpu_us_per_append_total"]) / base[
+                "cpu_us_per_append_total"
+            ]
+    return out
+
+
+def _idle_cpu(nodes: list[Node], seconds: float) -> dict[int, dict[str, float]]:
+    """Each node's processes' CPU seconds per second while nothing is asked of them."""
+    before = [n.cpu() for n in nodes]
+    time.sleep(seconds)
+    return {
+        id(n): {k: (v - b.get(k, 0.0)) / seconds for k, v in n.cpu().items()}
+        for n, b in zip(nodes, before, strict=True)
+    }
+
+
+def _direct_once(
+    run: Any,
+    node: Node,
+    target: str,
+    requests: list[bytes],
+    idle: dict[int, dict[str, float]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    forwarded_before = sum(node.metric("tiered_cluster_forwarded_total").values())
+    before = node.cpu()
+    started = time.monotonic()
+    ok, bad, lat = run(_unix_load(target, requests, args.connections, args.duration, args.direct_rate))
+    seconds = time.monotonic() - started
+    after = node.cpu()
+    forwarded = sum(node.metric("tiered_cluster_forwarded_total").values()) - forwarded_before
+    own_idle = idle[id(node)]
+    net = {k: max(0.0, after[k] - before.get(k, 0.0) - own_idle.get(k, 0.0) * seconds) for k in after}
+    lat.sort()
+    per = {k: 1e6 * v / ok for k, v in net.items()} if ok else {}
+    return {
+        "target": target,
+        "workers": node.workers,
+        "appends_per_s": ok / seconds,
+        "p50_ms": 1000 * lat[len(lat) // 2] if lat else 0.0,
+        "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else 0.0,
+        "non2xx": bad,
+        "cpu_us_per_append": per,
+        "cpu_us_per_append_total": sum(per.values()),
+        "forwarded": {"all": forwarded},
+        "forwarded_share": forwarded / ok if ok else 0.0,
+    }
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median CPU per append, with every run's figures beside it."""
+    ranked = sorted(runs, key=lambda r: r["cpu_us_per_append_total"])
+    row = dict(ranked[len(ranked) // 2])
+    row["runs"] = [
+        {k: r[k] for k in ("appends_per_s", "p99_ms", "cpu_us_per_append", "cpu_us_per_append_total")}
+        for r in runs
+    ]
+    return row
+
+
 def run_row(label: str, workers: int, shards: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tiered-bench-workers-") as tmp:
         node = Node(shlex.split(args.cmd), workers, shards, Path(tmp) / "data")
@@ -202,7 +415,17 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--duration", type=int, default=8)
-    parser.add_argument("--rows", default="single,workers-spread,workers-one-shard")
+    parser.add_argument("--rows", default="single,workers-spread,workers-one-shard,direct")
+    parser.add_argument("--direct-repeat", type=int, default=3, help="alternations of the direct rows")
+    parser.add_argument(
+        "--direct-against",
+        action="append",
+        default=[],
+        help="NAME=CMD: another build's serve command, measured in the same direct rounds (before/after)",
+    )
+    parser.add_argument(
+        "--direct-rate", type=float, default=0.0, help="appends/s of the direct rows (0: as fast as answered)"
+    )
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     plan = {
@@ -210,13 +433,17 @@ def main() -> int:
         "workers-spread": (args.workers, args.worker_shards),
         "workers-one-shard": (args.workers, 1),
     }
-    rows = [run_row(name, *plan[name], args) for name in args.rows.split(",")]
+    rows: list[dict[str, Any]] = []
+    for name in args.rows.split(","):
+        rows += run_direct(args) if name == "direct" else [run_row(name, *plan[name], args)]
     print(
         f"{'row':<20} {'appends/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'CPU us/append':>14} {'fwd %':>6}  per process"
     )
     for r in rows:
         per = " ".join(f"{k}={v:.0f}" for k, v in sorted(r["cpu_us_per_append"].items()))
         fwd = " ".join(f"{k}={v:.0f}us/fwd" for k, v in sorted(r.get("cpu_us_per_forward", {}).items()))
+        if "overhead_vs_local" in r:
+            fwd += f" overhead vs direct-local {100 * r['overhead_vs_local']:.0f}%"
         print(
             f"{r['label']:<20} {r['appends_per_s']:>10.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['cpu_us_per_append_total']:>14.1f} {100 * r['forwarded_share']:>6.1f}  {per} {fwd}"

@@ -29,8 +29,11 @@ from typing import Any
 from tiered.api.kit.rsgi_server import RsgiListener
 from tiered.cli.heap import tune_collector
 from tiered.cluster.gateway.forward import unix_url
+from tiered.cluster.gateway.forward_channel import frames_socket
+from tiered.cluster.gateway.forward_frames import max_answer_bytes
+from tiered.cluster.gateway.forward_serve import FrameServer
 from tiered.cluster.server import ClusterServer, open_cluster
-from tiered.cluster.workers.handler import build_worker_handler
+from tiered.cluster.workers.handler import build_forwarded_handler, build_worker_handler
 from tiered.cluster.workers.layout import worker_config, worker_id
 from tiered.cluster.workers.settle import settled
 from tiered.core.config import Config
@@ -95,6 +98,7 @@ async def run_worker(spec: WorkerSpec) -> None:
     tune_collector()
     cluster: ClusterServer | None = None
     listeners: list[RsgiListener] = []
+    frames: FrameServer | None = None
     spec.ready_file(spec.index).unlink(missing_ok=True)
     try:
         cluster = await open_cluster(config, shared_disk=True)
@@ -104,6 +108,14 @@ async def run_worker(spec: WorkerSpec) -> None:
         )
         listeners.append(internal)
         await internal.start_unix(spec.socket(spec.index))
+        # Siblings forward requests here in frames (``tiered/cluster/gateway/forward_frames.py``); the HTTP
+        # socket above serves the rest (metrics scrapes, bodies too large to hold whole).
+        frames = FrameServer(
+            build_forwarded_handler(cluster),
+            max_body_bytes=config.max_body_bytes,
+            max_answer_bytes=max_answer_bytes(config),
+        )
+        await frames.start(Path(frames_socket(str(spec.socket(spec.index)))))
         await cluster.join(unix_url(str(spec.socket(spec.index))))
         await _settle(cluster, [worker_id(i) for i in range(spec.count)], stop)
         if not stop.is_set():
@@ -127,6 +139,8 @@ async def run_worker(spec: WorkerSpec) -> None:
             await listener.stop()
         if cluster is not None:
             await cluster.stop()
+        if frames is not None:
+            await frames.stop()
         if listeners:
             await listeners[0].stop()
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from tiered.cluster.compose import ClusterFeatures
 from tiered.cluster.gateway.forward import Forwarder
+from tiered.cluster.gateway.forward_frames import max_answer_bytes
 from tiered.cluster.membership.cas import CasError, CasStore, ObjectStoreCas
 from tiered.cluster.membership.identity import NodeIdInUse
 from tiered.cluster.membership.lease import LeaseTiming
@@ -49,6 +50,9 @@ from tiered.engine.supervisor import Supervisor
 __all__ = ["ClusterServer", "open_cluster"]
 
 log = logging.getLogger(__name__)
+
+#: Shards of recently named streams kept (``ClusterServer.shard_of``).
+_SHARD_CACHE_SIZE = 8192
 
 _SECRET_TRIES = 5
 
@@ -116,6 +120,7 @@ class ClusterServer:
         self.config = config
         self.clock = clock
         self.node_id = config.cluster_node_id
+        self._shard_cache: dict[tuple[str, str, int], int] = {}  # (bucket, name, shard count) -> shard
         self.object_store = config.durability == "object-store"
         self.shared_disk = shared_disk
         self.store = store
@@ -127,6 +132,7 @@ class ClusterServer:
             read_timeout_s=max(30.0, config.long_poll_timeout_s + 10),
             # Large bodies (stored by reference on the owner) are streamed on, not held here.
             stream_above=config.large_body_threshold_bytes or config.max_body_bytes,
+            max_answer_bytes=max_answer_bytes(config),  # from a sibling worker, in one frame
         )
         self.supervisor = supervisor or Supervisor(clock)
         self.features = ClusterFeatures(
@@ -227,7 +233,15 @@ class ClusterServer:
             raise TieredError(
                 ErrorCode.UNAVAILABLE, "this node has not joined its cluster yet", retry_after_s=1
             )
-        return shard_of(bucket, name, node.spec.shard_count)
+        count = node.spec.shard_count
+        # Cached: every request asks (twice when a worker forwards it), and the hash is a SHA-256.
+        key = (bucket, name, count)
+        shard = self._shard_cache.get(key)
+        if shard is None:
+            if len(self._shard_cache) >= _SHARD_CACHE_SIZE:
+                self._shard_cache.clear()
+            shard = self._shard_cache[key] = shard_of(bucket, name, count)
+        return shard
 
     def shard_count(self) -> int:
         node = self.node

@@ -13,6 +13,14 @@ A failure says whether the request may have reached the owner
 The caller (``tiered/cluster/gateway/shard_router.py``) re-resolves the owner and retries
 what is safe to send twice (``idempotent``: reads, producer appends) and what
 was never sent; anything else is a 503 the client retries, the outcome unknown.
+
+Between the workers of one node (``tiered/cluster/workers/``) a request is
+not sent as HTTP again: it goes in a frame of the request as this worker
+parsed it, its target included, on a persistent connection to the sibling's
+frame socket (``forward_frames.py``, ``forward_channel.py``; the sibling
+serves it with ``forward_serve.py``). What a frame cannot carry (a body too
+large to hold, streamed on; a header value that is not text) and the scrape
+of a sibling's metrics go over the sibling's HTTP socket, as between nodes.
 """
 
 from __future__ import annotations
@@ -23,9 +31,13 @@ from urllib.parse import quote, unquote
 
 import aiohttp
 
+from tiered.api.kit.target import Target
 from tiered.api.kit.types import Request, Response
+from tiered.cluster.gateway.forward_channel import ChannelFailed, FrameChannel, frames_socket
+from tiered.cluster.gateway.forward_frames import HOP_BY_HOP, MAX_ANSWER, Ask
 from tiered.cluster.gateway.unix_http import UnixHttp, UnixHttpFailed
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.logs import REQUEST_ID
 
 __all__ = [
     "FORWARDED_BY",
@@ -46,26 +58,14 @@ FORWARDED_BY = "Tiered-Forwarded-By"
 REDIRECT_HEADER = "Tiered-Redirect"
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the client library recomputes.
-_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
+_HOP = HOP_BY_HOP | {"host", "content-length"}
 _CHUNK = 64 * 1024
 #: Bodies declared larger than this (by default) are streamed to the owner, not read whole first;
 #: smaller ones are held, so a forward that failed before sending can be sent again.
 STREAM_ABOVE = 8 * 1024 * 1024
 _AUTO = ("Content-Type", "User-Agent", "Accept", "Accept-Encoding")
 _PRODUCER = ("Producer-Id", "Producer-Epoch", "Producer-Seq")
+_FORWARDED_BY = FORWARDED_BY.lower()
 # An owner's 503 with one of these codes means "not mine (any more)": another owner will answer.
 _MOVED = (b'"SHARD_NOT_OWNED"', b'"SHARD_FENCED"')
 
@@ -116,13 +116,19 @@ class Forwarder:
         connect_timeout_s: float = 2.0,
         read_timeout_s: float = 120.0,
         stream_above: int = STREAM_ABOVE,
+        max_answer_bytes: int = MAX_ANSWER,
     ) -> None:
-        """``stream_above``: bodies declared larger are streamed on (the large-body threshold)."""
+        """``stream_above``: bodies declared larger are streamed on (the large-body threshold);
+        ``max_answer_bytes``: the largest whole answer taken from a sibling worker in one frame
+        (``forward_frames.max_answer_bytes``: a larger one fails the request, never buffered whole)."""
         self.node_id = node_id
+        self.max_answer_bytes = max_answer_bytes
         self.stream_above = stream_above
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._unix: dict[str, UnixHttp] = {}  # a multi-worker node's siblings, by socket
+        # The same siblings' frame sockets (``forward_channel.py``), by their HTTP socket.
+        self._frames: dict[str, FrameChannel] = {}
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._targets: dict[str, tuple[str | None, str]] = {}  # base URL -> (its socket, its prefix)
@@ -154,6 +160,17 @@ class Forwarder:
             found = self._targets[base_url] = (unix_socket_of(base_url), base_url.rstrip("/"))
         return found
 
+    def _frame_channel(self, path: str) -> FrameChannel:
+        channel = self._frames.get(path)
+        if channel is None:
+            channel = self._frames[path] = FrameChannel(
+                frames_socket(path),
+                connect_timeout_s=self._connect_timeout_s,
+                read_timeout_s=self._read_timeout_s,
+                max_body=self.max_answer_bytes,
+            )
+        return channel
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -161,6 +178,9 @@ class Forwarder:
         clients, self._unix = list(self._unix.values()), {}
         for client in clients:
             await client.close()
+        channels, self._frames = list(self._frames.values()), {}
+        for channel in channels:
+            await channel.close()
 
     async def fetch(
         self, base_url: str, path_: str, headers: dict[str, str], timeout_s: float = 5.0
@@ -197,12 +217,6 @@ class Forwarder:
     async def forward(self, request: Request, base_url: str, shard: int) -> Response:
         """The owner's answer to ``request``; ``SHARD_NOT_OWNED`` (503) when the owner cannot be reached."""
         path, prefix = self._target(base_url)
-        target = request.path + (f"?{request.query_string}" if request.query_string else "")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        headers[FORWARDED_BY] = self.node_id
-        if request.host:
-            # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
-            headers["Host"] = request.host
         if request.streamed:  # a retry after a large body was streamed on: it cannot be sent again
             raise TieredError(
                 ErrorCode.SHARD_NOT_OWNED,
@@ -214,11 +228,22 @@ class Forwarder:
         declared = request.declared_length()
         if declared is not None and declared > self.stream_above:
             body = request.body_stream()  # a large body: streamed on, never held whole
-            if body is not None:
-                headers["Content-Length"] = str(declared)
         if body is None:
             body = await request.body()
-        if path is not None:  # to a worker (docs/workers.md): over its Unix socket, the body whole
+        if path is not None and isinstance(body, bytes):
+            # To a worker (docs/workers.md): the request as parsed here, in a frame, unless it cannot be.
+            framed = await self._forward_framed(request, path, body, shard)
+            if framed is not None:
+                return framed
+        target = request.path + (f"?{request.query_string}" if request.query_string else "")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers[FORWARDED_BY] = self.node_id
+        if request.host:
+            # The owner answers with URLs (Location, subscription callbacks, JWKS) for the host the client used.
+            headers["Host"] = request.host
+        if not isinstance(body, bytes):
+            headers["Content-Length"] = str(declared)
+        if path is not None:  # to a worker as HTTP over its Unix socket, the body whole
             if not isinstance(body, bytes):
                 body = b"".join([chunk async for chunk in body])
             return await self._forward_unix(request.method, path, target, headers, body, shard)
@@ -265,6 +290,47 @@ class Forwarder:
         finally:
             resp.release()
         return Response(resp.status, out, data)
+
+    async def _forward_framed(self, request: Request, path: str, body: bytes, shard: int) -> Response | None:
+        """``forward`` to a sibling worker as a frame (``forward_frames.py``): the request as parsed here, its
+        target included, and the body as read. None: send it as HTTP instead (a header value that is not
+        text, or a sibling without a frame socket: neither sent anything)."""
+        raw = request.headers
+        headers: dict[str, str] = {}
+        for name in raw:
+            lowered = name.lower()
+            value = raw.get(name)
+            if value is not None and lowered not in HOP_BY_HOP:
+                headers[lowered] = value
+        headers[_FORWARDED_BY] = self.node_id
+        try:
+            parsed: Target | None = (
+                request.target
+            )  # parsed once, here: the owner judges and serves this value
+        except TieredError:
+            parsed = None  # the owner refuses it as it refuses any target that does not parse
+        ask = Ask(
+            request.method,
+            request.path,
+            request.query_string,
+            headers,
+            request.scheme,
+            request.host,
+            REQUEST_ID.get() or "",
+            parsed,
+        )
+        try:
+            answer = await self._frame_channel(path).request(ask, body)
+        except UnicodeEncodeError:
+            return None
+        except ChannelFailed as exc:
+            if not exc.sent:
+                return None  # the HTTP socket decides: answered, or "could not be reached"
+            raise ForwardFailed(
+                shard, f"shard {shard}: its owner at {path} did not answer ({exc}); retry", sent=True
+            ) from exc
+        self.forwarded += 1
+        return Response(answer.status, answer.headers, answer.body)
 
     async def _forward_unix(
         self, method: str, path: str, target: str, headers: dict[str, str], body: bytes, shard: int

@@ -3,6 +3,11 @@
 Shard routing, forwarding to the sibling that serves a shard, fan-out and
 scatter are the cluster's (``tiered/cluster/compose.py``); only the scrape
 differs: ``metrics.py`` gathers every worker's families.
+
+A request a sibling forwards in a frame (``tiered/cluster/gateway/forward_serve.py``)
+takes ``build_forwarded_handler``: shard routing behind the error mapping only.
+The sibling the client reached already gave it its request id, answers the
+CORS preflight, adds the security headers and counts and logs it, once.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from tiered.api.routes.admin import METRICS_CONTENT_TYPE
 from tiered.cluster.server import ClusterServer
 from tiered.cluster.workers.metrics import LOCAL_ONLY, merge_workers, scrape_siblings
 
-__all__ = ["build_worker_handler", "siblings"]
+__all__ = ["build_forwarded_handler", "build_worker_handler", "siblings"]
 
 
 def siblings(cluster: ClusterServer) -> dict[str, str]:
@@ -60,3 +65,8 @@ def build_worker_handler(cluster: ClusterServer) -> Handler:
         metrics=features.metrics.requests,
         access_log=access_log(cluster.config, cluster.clock.monotonic),
     )
+
+
+def build_forwarded_handler(cluster: ClusterServer) -> Handler:
+    """What serves a request a sibling forwarded in a frame: shard routing, errors mapped to answers."""
+    return map_errors(cluster.features.router.route)
