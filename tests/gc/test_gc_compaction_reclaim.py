@@ -20,8 +20,10 @@
 * ``tiered serve`` SIGKILLed right after the rewrite or while the GC request runs: the stream
   reads compacted or not at all (never a part), then GC converges to one object; ``tiered
   verify`` (the CLI) passes.
-* A raw read across removed bytes whose records are gone is refused (``DATA_DAMAGED``), never
-  served short; a snapshot at a hole's end is at a boundary, one inside a hole is refused.
+* A raw read across removed bytes is refused before any fetch (``OFFSET_GONE``, the next offset
+  past the hole), never served short nor counted as damage; a fork's ``Stream-Fork-Sub-Offset``
+  counts the live messages only, before and after the rewrite; a snapshot at a hole's end is at
+  a boundary, one inside a hole is refused.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from tiered.cli.verify import verify_cold
 from tiered.cold.objects.keys import is_key_index_key
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.ids import format_offset
 from tiered.engine.streams import integrity
-from tiered.engine.streams.model import CreateRequest
+from tiered.engine.streams.model import CreateRequest, ForkRequest
 from tiered.engine.streams.records import (
     ColdCopyAborted,
     ColdHolesReleased,
@@ -438,8 +441,8 @@ def test_a_release_racing_the_rewrite_wins_and_both_objects_go(store_config: Con
 
 
 def test_reads_of_removed_bytes_are_refused_and_snapshots_at_hole_ends_accepted(tmp_path: Path) -> None:
-    """Bytes whose records compaction released are never served short: a raw read across them is
-    DATA_DAMAGED (no route asks: reads skip holes). A snapshot at a hole's end is at a message
+    """Bytes compaction removed are never served short nor read: a raw read across them is
+    OFFSET_GONE before any fetch, not an integrity error (no route asks: reads skip holes). A snapshot at a hole's end is at a message
     boundary (the byte before it is gone); one inside a hole is refused."""
     clock = VirtualClock()
     h = Harness(_config(tmp_path), clock=clock)
@@ -450,14 +453,75 @@ def test_reads_of_removed_bytes_are_refused_and_snapshots_at_hole_ends_accepted(
         await converge(h, clock.ms)
         s = h.s.streams.lookup("default", "k")
         [(hole_start, hole_end)] = s.holes  # a0 and b1: adjacent, merged
+        store = h.s.store
+        assert store is not None
+        fetched: list[str] = []
+        inner_get = store.get
+
+        async def get(k: str, **kwargs: Any) -> bytes:
+            fetched.append(k)
+            return await inner_get(k, **kwargs)
+
+        store.get = get  # type: ignore[method-assign]
         with pytest.raises(TieredError) as refused:
             await h.s.streams.read(s, s.retained_from, h.s.streams.view(s).tail)
-        assert refused.value.code == ErrorCode.DATA_DAMAGED
+        # Removed, not damaged: refused before any fetch, with where the live bytes resume.
+        assert refused.value.code == ErrorCode.OFFSET_GONE
+        assert refused.value.context["next_offset"] == format_offset(hole_end)
+        assert fetched == [] and h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
+        with pytest.raises(TieredError) as across:  # from live bytes into the hole
+            await h.s.streams.read(s, hole_start, hole_end + 1)
+        assert across.value.code == ErrorCode.OFFSET_GONE and fetched == []
+        assert await h.s.streams.read(s, hole_end, h.s.streams.view(s).tail) == b"".join(map(line, LIVE))
+        assert h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
         with pytest.raises(TieredError) as inside:
             await h.s.snapshots.publish("default", "k", hole_start + 3, b"S", "text/plain")
         assert inside.value.code == ErrorCode.SNAPSHOT_NOT_AT_BOUNDARY
         await h.s.snapshots.publish("default", "k", hole_end, b"S", "text/plain")
         assert h.s.streams.lookup("default", "k").snapshot is not None
+        await h.stop()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("reclaimed", [False, True])
+def test_a_fork_sub_offset_counts_only_the_live_messages_of_a_compacted_source(
+    tmp_path: Path, reclaimed: bool
+) -> None:
+    """``Stream-Fork-Sub-Offset`` counts the messages a reader of the source sees. Before the
+    rewrite the removed messages' bytes are still stored and must not be counted; after it they
+    are gone and must not be read (no integrity error, no 502)."""
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        s = h.s.streams.lookup("default", "k")
+        hole_end = len(line(A_MSGS[0])) + len(line(B_MSGS[0][0]))  # a0 and b1: removed
+        if reclaimed:
+            await converge(h, clock.ms)
+        else:  # the holes journaled, the objects not rewritten yet (a pass stopped after its first step)
+            record = StreamCompacted(uid=s.uid, ts_ms=clock.ms, removed=((0, hole_end),))
+            await h.s.gc.ctx.committer.commit([record])
+        s = h.s.streams.lookup("default", "k")
+        assert s.holes == ((0, hole_end),)
+        streams = h.s.streams
+        first = await streams.fork_request("default", "k", 0, 1, "default/k")
+        assert first.offset == hole_end + len(line(LIVE[0]))  # after b2, not inside the hole
+        assert (await streams.fork_request("default", "k", 0, 2, "default/k")).offset == s.tail
+        with pytest.raises(TieredError) as past:
+            await streams.fork_request("default", "k", 0, 3, "default/k")
+        assert past.value.code == ErrorCode.BAD_REQUEST
+        inside = await streams.fork_request("default", "k", 5, 1, "default/k")  # from inside the hole
+        assert inside.offset == first.offset
+        created, _ = await streams.create(
+            "default",
+            "f",
+            CreateRequest(JSON, None, None, None, False, b"", ForkRequest(s.uid, first.offset, "default/k")),
+        )
+        assert created and await read_messages(h, "default", "f") == LIVE[:1]
+        assert streams.reader.integrity_errors == {"hot": 0, "cold": 0}
         await h.stop()
 
     asyncio.run(body())
