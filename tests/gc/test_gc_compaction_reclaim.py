@@ -527,9 +527,9 @@ def test_a_fork_sub_offset_counts_only_the_live_messages_of_a_compacted_source(
     asyncio.run(body())
 
 
-def _swallow(http: Any, *args: Any) -> None:
+def _swallow(call: Any) -> None:
     try:
-        http(*args)
+        call()
     except Exception:
         pass  # the server was killed under it
 
@@ -544,7 +544,7 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
     import threading
     import time
 
-    from tests.support.deadlines import Deadline
+    from tests.support.deadlines import Deadline, wait_for
     from tests.support.gc_support import object_files
     from tests.support.http_helpers import request as http
     from tests.support.server_process import ServerProcess
@@ -570,7 +570,10 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
         assert json.loads(http("GET", f"{url}/v1/stream/k?offset=-1")[2]) in (allowed or (live,))
         assert http("GET", f"{url}/v1/stream/o?offset=-1")[2] == other
 
-    srv = ServerProcess(data, *args, env=env).start()
+    # During the GC request: its rewrite paced slow enough (bytes read plus written) that the pass
+    # is still running well after the rewrite's commit.
+    paced = ("--rewrite-bytes-per-s", "100") if kill == "during-gc" else ()
+    srv = ServerProcess(data, *args, *paced, env=env).start()
     try:
         assert http("PUT", f"{srv.url}/v1/stream/k", {**js, "Stream-Compaction-Key": "/id"})[0] == 201
         assert http("PUT", f"{srv.url}/v1/stream/o", {"Content-Type": "application/octet-stream"})[0] == 201
@@ -590,10 +593,15 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
             )
             assert len(object_files(data)) == 2
         else:
+            answered: list[Any] = []
             threading.Thread(
-                target=lambda: _swallow(http, "POST", srv.url + "/v1/admin/gc"), daemon=True
+                target=lambda: _swallow(lambda: answered.append(http("POST", srv.url + "/v1/admin/gc"))),
+                daemon=True,
             ).start()
-            time.sleep(0.02)
+            # The rewrite is journaled and logged; the pass then paces itself (minutes at the
+            # --rewrite-bytes-per-s given) before deleting or reconciling: the kill lands inside it.
+            wait_for(lambda: "rewritten as" in srv.log(), 30, "the GC pass's rewrite", explain=srv.log)
+            assert answered == [], answered  # the GC request is still in flight
     finally:
         srv.kill()
     srv = ServerProcess(data, *args, env=env).start()
