@@ -222,6 +222,39 @@ def test_compaction_rewrites_objects_without_removed_records(tmp_path: Path) -> 
     asyncio.run(body())
 
 
+def test_an_object_released_without_a_copy_is_not_paced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pace (``rewrite_bytes_per_s``) counts bytes read plus written: an object whose every
+    range lies in holes (A) is released with no read and no upload, so it adds nothing to pace;
+    the rewritten one (B) adds what it read and wrote."""
+    import tiered.gc.reclaim as reclaim
+
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+    paced: list[int] = []
+    inner_pace = reclaim.pace
+
+    async def pace(ctx: Any, moved: int, started: float) -> None:
+        paced.append(moved)
+        await inner_pace(ctx, moved, started)
+
+    monkeypatch.setattr(reclaim, "pace", pace)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        sizes = {k: o.size for k, o in h.s.state.cold_objects.items()}
+        [b_key] = h.cold_keys_of("default", "other")  # B: shared with "other", rewritten
+        report = await h.gc(clock.ms)
+        assert report.objects_compacted == 2 and report.errors == [], report
+        [new] = data_objects(h) - set(sizes)
+        assert sorted(paced) == [0, sizes[b_key] + h.s.state.cold_objects[new].size], (paced, sizes)
+        await h.stop()
+
+    asyncio.run(body())
+
+
 def test_records_partly_live_stay_whole_and_are_read_once(tmp_path: Path) -> None:
     """An append of two messages, one removed later: its record stays whole (it still holds a
     live message); the rewrite finds nothing to drop and the object is not read again."""
