@@ -198,6 +198,20 @@ def skip_hole(holes: Sequence[tuple[int, int]], offset: int) -> int:
     return offset
 
 
+def within_hole(holes: Iterable[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether ``[start, end)`` lies wholly inside one hole (holes are merged, so one is enough)."""
+    return any(a <= start and end <= b for a, b in holes)
+
+
+def continues(holes: Iterable[tuple[int, int]], pos: int, start: int) -> bool:
+    """Whether stored rows that reached ``pos`` go on at ``start`` (a row's start, or the range's end):
+    right there, or past a gap wholly inside one hole (rows a compaction rewrite dropped).
+
+    The tiling check of a rewrite's rows (``rewrite_plan.select_rows``) and of ``tiered verify``.
+    """
+    return start == pos or (start > pos and within_hole(holes, pos, start))
+
+
 def hole_read(state: StreamState, s: Stream, start: int, end: int) -> tuple[int, int] | None:
     """The first hole ``[start, end)`` overlaps: of ``s``, or of a fork source it reads below its fork point.
 
