@@ -255,6 +255,43 @@ def test_an_object_released_without_a_copy_is_not_paced(
     asyncio.run(body())
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_stream_forked_while_the_pass_reads_it_is_skipped_alike_dry_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dry_run: bool
+) -> None:
+    """A fork created while compaction decides (in the worker) makes the pass leave the stream
+    alone; a dry run says the same (no ``would_compact``), and both leave a trace
+    (``compaction_skipped``, a log line) instead of skipping in silence."""
+    import tiered.gc.compaction as compaction
+
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+    inner = compaction.decide_in_worker
+
+    async def decide_then_fork(*args: Any) -> Any:
+        decision = await inner(*args)
+        src = h.s.streams.lookup("default", "k")
+        fork = ForkRequest(source_uid=src.uid, offset=src.tail, spec=f"default/k@{src.tail}")
+        created, _ = await h.s.streams.create(
+            "default", "f", CreateRequest(JSON, None, None, None, False, b"", fork)
+        )
+        assert created
+        return decision
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        monkeypatch.setattr(compaction, "decide_in_worker", decide_then_fork)
+        report = await h.s.gc.run_pass(dry_run=dry_run, now_ms=clock.ms)
+        assert report.would_compact == [] and report.streams_compacted == 0, report
+        assert report.messages_compacted == 0 and report.errors == [], report
+        assert [(e["path"], e["reason"].split()[0]) for e in report.compaction_skipped] == [("k", "forked")]
+        assert h.s.streams.lookup("default", "k").holes == ()
+        await h.stop()
+
+    asyncio.run(body())
+
+
 def test_records_partly_live_stay_whole_and_are_read_once(tmp_path: Path) -> None:
     """An append of two messages, one removed later: its record stays whole (it still holds a
     live message); the rewrite finds nothing to drop and the object is not read again."""
