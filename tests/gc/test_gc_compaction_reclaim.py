@@ -597,6 +597,38 @@ def test_a_fork_sub_offset_counts_only_the_live_messages_of_a_compacted_source(
     asyncio.run(body())
 
 
+def test_a_client_forks_a_compacted_stream_by_sub_offset_over_http(tmp_path: Path, caplog: Any) -> None:
+    """The client path: ``PUT`` with ``Stream-Forked-From`` and ``Stream-Fork-Sub-Offset`` of a
+    physically compacted JSON stream is a 201 whose fork reads the first live message (was: 502
+    and an ``integrity:`` error logged); the source reads as before; no integrity error counted."""
+    from tests.support.gc_support import HttpHarness
+
+    clock = VirtualClock()
+    h = HttpHarness(_config(tmp_path), clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        await converge(h, clock.ms)
+        headers = {
+            "Stream-Forked-From": "/v1/stream/k",
+            "Stream-Fork-Offset": format_offset(0),
+            "Stream-Fork-Sub-Offset": "1",
+            "Content-Type": JSON,
+        }
+        status, _, raw = await h.http("PUT", "/v1/stream/f", headers=headers)
+        assert status == 201, raw
+        status, _, raw = await h.http("GET", "/v1/stream/f?offset=-1")
+        assert status == 200 and json.loads(raw) == LIVE[:1]
+        status, _, raw = await h.http("GET", "/v1/stream/k?offset=-1")
+        assert status == 200 and json.loads(raw) == LIVE
+        assert h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
+        assert "integrity" not in caplog.text
+        await h.stop()
+
+    asyncio.run(body())
+
+
 def _swallow(call: Any) -> None:
     try:
         call()
