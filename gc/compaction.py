@@ -79,12 +79,15 @@ class CompactKeyedStreams:
                     await self.indexer.index_pointer(ctx, gc_pass, s, decision)  # ?key=
                     self.scanned[s.uid] = (_seen(s), due)
                 continue
+            skipped = _changed_meanwhile(ctx, s)
+            if skipped is not None:  # a dry run says what a real pass would do: the same skip
+                log.info("compaction of %s/%s skipped this pass: %s", s.bucket, s.path, skipped)
+                report.compaction_skipped.append({"bucket": s.bucket, "path": s.path, "reason": skipped})
+                continue
             report.messages_compacted += gone
             if gc_pass.dry_run:
                 report.would_compact.append({"bucket": s.bucket, "path": s.path, "removed": removed})
                 continue
-            if ctx.state.streams.get(s.uid) is not s or s.uid in ctx.state.children:
-                continue  # deleted or erased (or forked: a fork inherits holes only at its creation) meanwhile
             await ctx.committer.commit(
                 [StreamCompacted(uid=s.uid, ts_ms=ctx.clock.now_ms(), removed=tuple(removed))]
             )
@@ -122,6 +125,15 @@ class CompactKeyedStreams:
             return True
         due = last[1]
         return due is not None and due <= now_ms
+
+
+def _changed_meanwhile(ctx: GcContext, s: Stream) -> str | None:
+    """Why ``s`` is not compacted after all (it changed while the pass read it), or None."""
+    if ctx.state.streams.get(s.uid) is not s:
+        return "deleted or erased while the pass read it"
+    if s.uid in ctx.state.children:
+        return "forked while the pass read it (a fork inherits holes only at its creation)"
+    return None
 
 
 def _seen(s: Stream) -> tuple[int, int, int]:

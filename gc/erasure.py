@@ -67,7 +67,7 @@ class RewriteErasedObjects:
                 continue
             if done is not None:
                 report.objects_rewritten += 1
-                await pace(ctx, done.bytes_before + done.bytes_after, started)
+                await pace(ctx, done.bytes_moved, started)
             started = ctx.clock.monotonic()
 
 

@@ -88,5 +88,5 @@ class ReclaimCompactedObjects:
                 continue
             report.objects_compacted += 1
             report.compaction_bytes_reclaimed += done.bytes_before - done.bytes_after
-            await pace(ctx, done.bytes_before + done.bytes_after, started)
+            await pace(ctx, done.bytes_moved, started)
             started = ctx.clock.monotonic()

@@ -34,6 +34,9 @@ class GcReport:
     objects_compacted: int = 0
     compaction_bytes_reclaimed: int = 0
     key_indexes_written: int = 0  # issue 21: key indexes of streams keyed by header (``key_index``)
+    # Keyed compaction: streams a pass (or a dry run alike) read but left alone, having changed meanwhile
+    # (deleted, erased, forked): bucket, path, reason.
+    compaction_skipped: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

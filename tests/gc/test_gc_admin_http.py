@@ -62,6 +62,7 @@ REPORT_KEYS = {
     "objects_compacted",  # issue 21: physical keyed compaction (``compaction-reclaim``)
     "compaction_bytes_reclaimed",
     "key_indexes_written",  # issue 21: key indexes (gc/key_index.py)
+    "compaction_skipped",  # issue 21: keyed compaction left a stream that changed meanwhile
 }
 TOTALS_KEYS = {
     "passes",

@@ -20,8 +20,10 @@
 * ``tiered serve`` SIGKILLed right after the rewrite or while the GC request runs: the stream
   reads compacted or not at all (never a part), then GC converges to one object; ``tiered
   verify`` (the CLI) passes.
-* A raw read across removed bytes whose records are gone is refused (``DATA_DAMAGED``), never
-  served short; a snapshot at a hole's end is at a boundary, one inside a hole is refused.
+* A raw read across removed bytes is refused before any fetch (``OFFSET_GONE``, the next offset
+  past the hole), never served short nor counted as damage; a fork's ``Stream-Fork-Sub-Offset``
+  counts the live messages only, before and after the rewrite; a snapshot at a hole's end is at
+  a boundary, one inside a hole is refused.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from tiered.cli.verify import verify_cold
 from tiered.cold.objects.keys import is_key_index_key
 from tiered.core.config import Config
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.ids import format_offset
 from tiered.engine.streams import integrity
-from tiered.engine.streams.model import CreateRequest
+from tiered.engine.streams.model import CreateRequest, ForkRequest
 from tiered.engine.streams.records import (
     ColdCopyAborted,
     ColdHolesReleased,
@@ -214,6 +217,76 @@ def test_compaction_rewrites_objects_without_removed_records(tmp_path: Path) -> 
         # Idempotent: nothing left to reclaim.
         again = await h.gc(clock.ms + 4 * GRACE_MS)
         assert again.objects_compacted == 0 and again.streams_compacted == 0 and again.errors == []
+        await h.stop()
+
+    asyncio.run(body())
+
+
+def test_an_object_released_without_a_copy_is_not_paced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pace (``rewrite_bytes_per_s``) counts bytes read plus written: an object whose every
+    range lies in holes (A) is released with no read and no upload, so it adds nothing to pace;
+    the rewritten one (B) adds what it read and wrote."""
+    import tiered.gc.reclaim as reclaim
+
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+    paced: list[int] = []
+    inner_pace = reclaim.pace
+
+    async def pace(ctx: Any, moved: int, started: float) -> None:
+        paced.append(moved)
+        await inner_pace(ctx, moved, started)
+
+    monkeypatch.setattr(reclaim, "pace", pace)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        sizes = {k: o.size for k, o in h.s.state.cold_objects.items()}
+        [b_key] = h.cold_keys_of("default", "other")  # B: shared with "other", rewritten
+        report = await h.gc(clock.ms)
+        assert report.objects_compacted == 2 and report.errors == [], report
+        [new] = data_objects(h) - set(sizes)
+        assert sorted(paced) == [0, sizes[b_key] + h.s.state.cold_objects[new].size], (paced, sizes)
+        await h.stop()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_stream_forked_while_the_pass_reads_it_is_skipped_alike_dry_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dry_run: bool
+) -> None:
+    """A fork created while compaction decides (in the worker) makes the pass leave the stream
+    alone; a dry run says the same (no ``would_compact``), and both leave a trace
+    (``compaction_skipped``, a log line) instead of skipping in silence."""
+    import tiered.gc.compaction as compaction
+
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+    inner = compaction.decide_in_worker
+
+    async def decide_then_fork(*args: Any) -> Any:
+        decision = await inner(*args)
+        src = h.s.streams.lookup("default", "k")
+        fork = ForkRequest(source_uid=src.uid, offset=src.tail, spec=f"default/k@{src.tail}")
+        created, _ = await h.s.streams.create(
+            "default", "f", CreateRequest(JSON, None, None, None, False, b"", fork)
+        )
+        assert created
+        return decision
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        monkeypatch.setattr(compaction, "decide_in_worker", decide_then_fork)
+        report = await h.s.gc.run_pass(dry_run=dry_run, now_ms=clock.ms)
+        assert report.would_compact == [] and report.streams_compacted == 0, report
+        assert report.messages_compacted == 0 and report.errors == [], report
+        assert [(e["path"], e["reason"].split()[0]) for e in report.compaction_skipped] == [("k", "forked")]
+        assert h.s.streams.lookup("default", "k").holes == ()
         await h.stop()
 
     asyncio.run(body())
@@ -438,8 +511,8 @@ def test_a_release_racing_the_rewrite_wins_and_both_objects_go(store_config: Con
 
 
 def test_reads_of_removed_bytes_are_refused_and_snapshots_at_hole_ends_accepted(tmp_path: Path) -> None:
-    """Bytes whose records compaction released are never served short: a raw read across them is
-    DATA_DAMAGED (no route asks: reads skip holes). A snapshot at a hole's end is at a message
+    """Bytes compaction removed are never served short nor read: a raw read across them is
+    OFFSET_GONE before any fetch, not an integrity error (no route asks: reads skip holes). A snapshot at a hole's end is at a message
     boundary (the byte before it is gone); one inside a hole is refused."""
     clock = VirtualClock()
     h = Harness(_config(tmp_path), clock=clock)
@@ -450,9 +523,27 @@ def test_reads_of_removed_bytes_are_refused_and_snapshots_at_hole_ends_accepted(
         await converge(h, clock.ms)
         s = h.s.streams.lookup("default", "k")
         [(hole_start, hole_end)] = s.holes  # a0 and b1: adjacent, merged
+        store = h.s.store
+        assert store is not None
+        fetched: list[str] = []
+        inner_get = store.get
+
+        async def get(k: str, **kwargs: Any) -> bytes:
+            fetched.append(k)
+            return await inner_get(k, **kwargs)
+
+        store.get = get  # type: ignore[method-assign]
         with pytest.raises(TieredError) as refused:
             await h.s.streams.read(s, s.retained_from, h.s.streams.view(s).tail)
-        assert refused.value.code == ErrorCode.DATA_DAMAGED
+        # Removed, not damaged: refused before any fetch, with where the live bytes resume.
+        assert refused.value.code == ErrorCode.OFFSET_GONE
+        assert refused.value.context["next_offset"] == format_offset(hole_end)
+        assert fetched == [] and h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
+        with pytest.raises(TieredError) as across:  # from live bytes into the hole
+            await h.s.streams.read(s, hole_start, hole_end + 1)
+        assert across.value.code == ErrorCode.OFFSET_GONE and fetched == []
+        assert await h.s.streams.read(s, hole_end, h.s.streams.view(s).tail) == b"".join(map(line, LIVE))
+        assert h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
         with pytest.raises(TieredError) as inside:
             await h.s.snapshots.publish("default", "k", hole_start + 3, b"S", "text/plain")
         assert inside.value.code == ErrorCode.SNAPSHOT_NOT_AT_BOUNDARY
@@ -463,9 +554,84 @@ def test_reads_of_removed_bytes_are_refused_and_snapshots_at_hole_ends_accepted(
     asyncio.run(body())
 
 
-def _swallow(http: Any, *args: Any) -> None:
+@pytest.mark.parametrize("reclaimed", [False, True])
+def test_a_fork_sub_offset_counts_only_the_live_messages_of_a_compacted_source(
+    tmp_path: Path, reclaimed: bool
+) -> None:
+    """``Stream-Fork-Sub-Offset`` counts the messages a reader of the source sees. Before the
+    rewrite the removed messages' bytes are still stored and must not be counted; after it they
+    are gone and must not be read (no integrity error, no 502)."""
+    clock = VirtualClock()
+    h = Harness(_config(tmp_path), clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        s = h.s.streams.lookup("default", "k")
+        hole_end = len(line(A_MSGS[0])) + len(line(B_MSGS[0][0]))  # a0 and b1: removed
+        if reclaimed:
+            await converge(h, clock.ms)
+        else:  # the holes journaled, the objects not rewritten yet (a pass stopped after its first step)
+            record = StreamCompacted(uid=s.uid, ts_ms=clock.ms, removed=((0, hole_end),))
+            await h.s.gc.ctx.committer.commit([record])
+        s = h.s.streams.lookup("default", "k")
+        assert s.holes == ((0, hole_end),)
+        streams = h.s.streams
+        first = await streams.fork_request("default", "k", 0, 1, "default/k")
+        assert first.offset == hole_end + len(line(LIVE[0]))  # after b2, not inside the hole
+        assert (await streams.fork_request("default", "k", 0, 2, "default/k")).offset == s.tail
+        with pytest.raises(TieredError) as past:
+            await streams.fork_request("default", "k", 0, 3, "default/k")
+        assert past.value.code == ErrorCode.BAD_REQUEST
+        inside = await streams.fork_request("default", "k", 5, 1, "default/k")  # from inside the hole
+        assert inside.offset == first.offset
+        created, _ = await streams.create(
+            "default",
+            "f",
+            CreateRequest(JSON, None, None, None, False, b"", ForkRequest(s.uid, first.offset, "default/k")),
+        )
+        assert created and await read_messages(h, "default", "f") == LIVE[:1]
+        assert streams.reader.integrity_errors == {"hot": 0, "cold": 0}
+        await h.stop()
+
+    asyncio.run(body())
+
+
+def test_a_client_forks_a_compacted_stream_by_sub_offset_over_http(tmp_path: Path, caplog: Any) -> None:
+    """The client path: ``PUT`` with ``Stream-Forked-From`` and ``Stream-Fork-Sub-Offset`` of a
+    physically compacted JSON stream is a 201 whose fork reads the first live message (was: 502
+    and an ``integrity:`` error logged); the source reads as before; no integrity error counted."""
+    from tests.support.gc_support import HttpHarness
+
+    clock = VirtualClock()
+    h = HttpHarness(_config(tmp_path), clock=clock)
+
+    async def body() -> None:
+        await h.start()
+        await three_objects(h)
+        await converge(h, clock.ms)
+        headers = {
+            "Stream-Forked-From": "/v1/stream/k",
+            "Stream-Fork-Offset": format_offset(0),
+            "Stream-Fork-Sub-Offset": "1",
+            "Content-Type": JSON,
+        }
+        status, _, raw = await h.http("PUT", "/v1/stream/f", headers=headers)
+        assert status == 201, raw
+        status, _, raw = await h.http("GET", "/v1/stream/f?offset=-1")
+        assert status == 200 and json.loads(raw) == LIVE[:1]
+        status, _, raw = await h.http("GET", "/v1/stream/k?offset=-1")
+        assert status == 200 and json.loads(raw) == LIVE
+        assert h.s.streams.reader.integrity_errors == {"hot": 0, "cold": 0}
+        assert "integrity" not in caplog.text
+        await h.stop()
+
+    asyncio.run(body())
+
+
+def _swallow(call: Any) -> None:
     try:
-        http(*args)
+        call()
     except Exception:
         pass  # the server was killed under it
 
@@ -480,7 +646,7 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
     import threading
     import time
 
-    from tests.support.deadlines import Deadline
+    from tests.support.deadlines import Deadline, wait_for
     from tests.support.gc_support import object_files
     from tests.support.http_helpers import request as http
     from tests.support.server_process import ServerProcess
@@ -506,7 +672,10 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
         assert json.loads(http("GET", f"{url}/v1/stream/k?offset=-1")[2]) in (allowed or (live,))
         assert http("GET", f"{url}/v1/stream/o?offset=-1")[2] == other
 
-    srv = ServerProcess(data, *args, env=env).start()
+    # During the GC request: its rewrite paced slow enough (bytes read plus written) that the pass
+    # is still running well after the rewrite's commit.
+    paced = ("--rewrite-bytes-per-s", "100") if kill == "during-gc" else ()
+    srv = ServerProcess(data, *args, *paced, env=env).start()
     try:
         assert http("PUT", f"{srv.url}/v1/stream/k", {**js, "Stream-Compaction-Key": "/id"})[0] == 201
         assert http("PUT", f"{srv.url}/v1/stream/o", {"Content-Type": "application/octet-stream"})[0] == 201
@@ -526,10 +695,15 @@ def test_sigkill_of_a_real_server_around_the_compaction_rewrite(tmp_path: Path, 
             )
             assert len(object_files(data)) == 2
         else:
+            answered: list[Any] = []
             threading.Thread(
-                target=lambda: _swallow(http, "POST", srv.url + "/v1/admin/gc"), daemon=True
+                target=lambda: _swallow(lambda: answered.append(http("POST", srv.url + "/v1/admin/gc"))),
+                daemon=True,
             ).start()
-            time.sleep(0.02)
+            # The rewrite is journaled and logged; the pass then paces itself (minutes at the
+            # --rewrite-bytes-per-s given) before deleting or reconciling: the kill lands inside it.
+            wait_for(lambda: "rewritten as" in srv.log(), 30, "the GC pass's rewrite", explain=srv.log)
+            assert answered == [], answered  # the GC request is still in flight
     finally:
         srv.kill()
     srv = ServerProcess(data, *args, env=env).start()

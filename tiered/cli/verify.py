@@ -46,6 +46,7 @@ from tiered.engine.jobs.rewrite_plan import erasure_report, holes_within
 from tiered.engine.journal.journal import Journal
 from tiered.engine.journal.snapshot import SnapshotStore
 from tiered.engine.snapshot import SNAPSHOTS
+from tiered.engine.streams.keyed import continues
 from tiered.engine.streams.state import StreamState
 from tiered.hot.log import SegmentLog
 from tiered.hot.segment import crc32c
@@ -233,20 +234,16 @@ def _check_range(
 ) -> str | None:
     """Rows (start, end, payload length) must tile [start, end) exactly, but for rows a compaction
     rewrite dropped: a gap wholly inside one of the stream's ``holes`` (merged) is allowed."""
-
-    def removed(a: int, b: int) -> bool:
-        return any(h0 <= a and b <= h1 for h0, h1 in holes)
-
     pos = start
     for r_start, r_end, length in rows:
         if r_end <= start or r_start >= end:
             continue
         if r_end - r_start != length:
             return f"record at {r_start} has {length} payload bytes for {r_end - r_start} offsets"
-        if r_start != pos and not (r_start > pos and removed(pos, r_start)):
+        if not continues(holes, pos, r_start):
             return f"gap or overlap at offset {pos} (next record starts at {r_start})"
         pos = r_end
-    if pos != end and not (pos < end and removed(pos, end)):
+    if not continues(holes, pos, end):
         return f"rows cover only up to {pos}"
     return None
 

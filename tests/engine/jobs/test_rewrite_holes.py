@@ -65,6 +65,28 @@ def test_holes_clipped_and_ranges_wholly_in_holes() -> None:
     assert not in_holes(KeptRange(1, "b", "k", 0, 4, 4, ()))
 
 
+def test_the_hole_checks_are_one_rule_for_rewrites_verify_and_releases() -> None:
+    """``keyed.within_hole`` / ``keyed.continues`` are the one rule: a gap in stored rows is allowed
+    only wholly inside one hole; the rewrite's tiling and ``tiered verify``'s agree case by case."""
+    from tiered.cli.verify import _check_range
+    from tiered.engine.streams.keyed import continues, within_hole
+
+    holes = ((4, 8), (8, 10), (12, 16))  # not merged on purpose: a gap must lie inside ONE hole
+    assert within_hole(holes, 4, 8) and within_hole(holes, 5, 6) and not within_hole(holes, 4, 10)
+    assert continues(holes, 4, 4) and continues(holes, 4, 8) and continues(holes, 12, 16)
+    assert not continues(holes, 4, 10) and not continues(holes, 8, 4) and not continues((), 0, 1)
+    for kept in ([0], [0, 8], [0, 12], [0, 4, 8], [0, 8, 12], [4, 8], [0, 4, 12]):
+        rows = [ROWS[i // 4] for i in kept]
+        holes_ = ((4, 8), (12, 16))
+        try:
+            select_rows(rows, (KeptRange(1, "b", "k", 0, 0, 16, holes_),))
+            tiled = True
+        except RewriteMismatch:
+            tiled = False
+        verified = _check_range([(r.start_offset, r.end_offset, len(r.payload)) for r in rows], 0, 16, holes_)
+        assert tiled == (verified is None), (kept, verified)
+
+
 # --------------------------------------------------------------------------- the apply rules (pure)
 
 

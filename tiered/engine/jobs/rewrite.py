@@ -71,13 +71,22 @@ ROW_GROUP_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Rewritten:
-    """One rewrite done: the old object's ranges read from ``new_key`` (``bytes_*``: object sizes)."""
+    """One rewrite done: the old object's ranges read from ``new_key`` (``bytes_*``: object sizes).
+
+    ``new_key`` is None when every range the old object served lay in holes: its references were
+    released with no copy, so nothing was read or written (``bytes_moved`` is 0, nothing to pace).
+    """
 
     old_key: str
-    new_key: str
+    new_key: str | None
     bytes_before: int
     bytes_after: int
     ranges: int
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes read plus written (what ``rewrite_bytes_per_s`` paces)."""
+        return 0 if self.new_key is None else self.bytes_before + self.bytes_after
 
 
 class ObjectRewriter:
@@ -122,7 +131,7 @@ class ObjectRewriter:
                 [ColdHolesReleased(old_key=key, ts_ms=self.clock.now_ms(), ranges=gone)]
             )
             log.info("cold object %s: its %d stream ranges lie in compaction holes, released", key, len(gone))
-            return Rewritten(key, "", obj.size, 0, 0)
+            return Rewritten(key, None, obj.size, 0, 0)  # released, no copy: nothing read or written
         data = await self.store.get(key)
         self.bytes_read += len(data)
         new_data, index, new_crc, dropped_sums = await _in_worker(

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tiered.cold.parquet.chunk import ColdRecord
+from tiered.engine.streams.keyed import continues, within_hole
 from tiered.engine.streams.model import ColdObject
 from tiered.engine.streams.rewrites import owners_by_bucket, refs_to
 from tiered.engine.streams.state import StreamState
@@ -93,12 +94,7 @@ def holes_within(holes: Iterable[tuple[int, int]], start: int, end: int) -> tupl
 
 def in_holes(k: KeptRange) -> bool:
     """Whether all of ``k`` lies in its stream's holes: no read is served from it (it is released)."""
-    return k.end > k.start and _in_hole(k.holes, k.start, k.end)
-
-
-def _in_hole(holes: tuple[tuple[int, int], ...], start: int, end: int) -> bool:
-    """Whether ``[start, end)`` (not empty) lies wholly inside one hole (holes are merged)."""
-    return any(a <= start and end <= b for a, b in holes)
+    return k.end > k.start and within_hole(k.holes, k.start, k.end)
 
 
 def select_rows(
@@ -125,22 +121,20 @@ def select_rows(
         for k in wanted.get((rec.bucket, rec.stream), ()):
             if rec.start_offset >= k.start and rec.end_offset <= k.end and rec.end_offset > rec.start_offset:
                 pos = reached[k]
-                if rec.start_offset != pos and not (
-                    rec.start_offset > pos and _in_hole(k.holes, pos, rec.start_offset)
-                ):
+                if not continues(k.holes, pos, rec.start_offset):
                     raise RewriteMismatch(
                         f"{rec.bucket}/{rec.stream}: gap or overlap at offset {pos} "
                         f"(next record starts at {rec.start_offset})"
                     )
                 reached[k] = rec.end_offset
-                if k.holes and _in_hole(k.holes, rec.start_offset, rec.end_offset):
+                if k.holes and within_hole(k.holes, rec.start_offset, rec.end_offset):
                     if dropped is not None:
                         dropped.setdefault(k, []).append(rec)
                 elif predicate is None or predicate(rec):
                     out.append(rec)
                 break
     for k, pos in reached.items():
-        if pos != k.end and not (pos < k.end and _in_hole(k.holes, pos, k.end)):
+        if not continues(k.holes, pos, k.end):
             raise RewriteMismatch(f"{k.bucket}/{k.path} [{k.start}, {k.end}): rows cover only up to {pos}")
     return out
 

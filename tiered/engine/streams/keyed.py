@@ -198,6 +198,42 @@ def skip_hole(holes: Sequence[tuple[int, int]], offset: int) -> int:
     return offset
 
 
+def within_hole(holes: Iterable[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether ``[start, end)`` lies wholly inside one hole (holes are merged, so one is enough)."""
+    return any(a <= start and end <= b for a, b in holes)
+
+
+def continues(holes: Iterable[tuple[int, int]], pos: int, start: int) -> bool:
+    """Whether stored rows that reached ``pos`` go on at ``start`` (a row's start, or the range's end):
+    right there, or past a gap wholly inside one hole (rows a compaction rewrite dropped).
+
+    The tiling check of a rewrite's rows (``rewrite_plan.select_rows``) and of ``tiered verify``.
+    """
+    return start == pos or (start > pos and within_hole(holes, pos, start))
+
+
+def hole_read(state: StreamState, s: Stream, start: int, end: int) -> tuple[int, int] | None:
+    """The first hole ``[start, end)`` overlaps: of ``s``, or of a fork source it reads below its fork point.
+
+    A read never asks for removed bytes (it reads ``live_pieces``): one that does is refused before
+    any byte is fetched, since a rewritten cold object no longer holds them (and reading them
+    there would look like damage).
+    """
+    cur: Stream | None = s
+    hi = end
+    while cur is not None and start < hi:
+        for a, b in cur.holes:
+            if a >= hi:
+                break
+            if b > start:
+                return a, b
+        if cur.fork_source is None:
+            return None
+        hi = min(hi, cur.fork_offset)
+        cur = state.streams.get(cur.fork_source)
+    return None
+
+
 def low_water_mark(s: Stream, tail: int) -> int:
     """The first offset still readable: the retained offset, past any hole it falls in (at most the tail)."""
     return min(tail, skip_hole(s.holes, s.retained_from))
@@ -235,6 +271,28 @@ async def read_live_chunk(
             end = a + cut
     end = min(tail, skip_hole(holes, end))
     return b"".join(parts), end, end >= tail
+
+
+async def after_messages(
+    read: ReadBytes, holes: Sequence[tuple[int, int]], offset: int, tail: int, count: int
+) -> int | None:
+    """The offset ``count`` live messages after ``offset`` (None: fewer remain before ``tail``).
+
+    Removed messages (in holes) are not counted and not read: a fork's ``Stream-Fork-Sub-Offset``
+    counts the messages a reader of the source sees. A message never spans a hole.
+    """
+    for a, b in live_pieces(holes, offset, tail):
+        data = await read(a, b)
+        pos = 0
+        while count:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break
+            pos = nl + 1
+            count -= 1
+        if count == 0:
+            return a + pos
+    return None if count else offset
 
 
 # ------------------------------------------------------------------ keyed reads

@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 from tiered.cold.parquet.reader import ColdReader
 from tiered.core.errors import ErrorCode, TieredError
+from tiered.core.ids import format_offset
 from tiered.core.ports import StoreHealth
+from tiered.engine.streams import keyed
 from tiered.engine.streams.cold_read import damaged, read_cold
 from tiered.engine.streams.model import ColdSlice, Stream
 from tiered.engine.streams.payload_read import read_payload_slice
@@ -68,6 +70,17 @@ class StreamReader:
                 ) from None
 
     async def _read(self, s: Stream, start: int, end: int) -> bytes:
+        if start < end and (s.holes or s.fork_source is not None):
+            hole = keyed.hole_read(self.state, s, start, end)
+            if hole is not None:
+                # Removed by keyed compaction, not damaged: refused before any fetch (a rewritten
+                # object no longer holds these bytes), never counted as an integrity error.
+                raise TieredError(
+                    ErrorCode.OFFSET_GONE,
+                    f"bytes [{max(start, hole[0])}, {min(end, hole[1])}) of this stream were removed "
+                    "by keyed compaction (reads skip them)",
+                    next_offset=format_offset(hole[1]),
+                )
         c = s.chunks
         hot = self.hot
         if c.starts and start >= c.starts[0] and (s.fork_source is None or start >= s.fork_offset):
@@ -99,9 +112,8 @@ class StreamReader:
             self.on_egress(s.bucket, hot_bytes, cold_bytes)
         data = (parts[0] or b"") if len(parts) == 1 else b"".join(p or b"" for p in parts)
         if s.holes and len(data) != end - start:
-            # Keyed compaction released the references of removed records: a read asking for them
-            # (the holes' bytes are never served) is refused, never answered short.
-            raise damaged(f"bytes [{start}, {end}) of this stream were removed by keyed compaction")
+            # Holes are refused above; a live range answered short is never served as it is.
+            raise damaged(f"bytes [{start}, {end}) of this stream were not all found")
         return data
 
     async def _read_cold(self, sl: ColdSlice) -> bytes:

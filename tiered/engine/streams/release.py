@@ -116,10 +116,10 @@ def needed_range(state: StreamState, s: Stream) -> tuple[int, int | None]:
     hi: int | None = None
     for child_uid in state.children.get(s.uid, ()):
         child = state.streams[child_uid]
-        child_lo, _ = needed_range(state, child)
-        if child_lo < child.fork_offset:
+        child_lo, child_end = _inherited(state, child)
+        if child_lo < child_end:
             lo = child_lo if lo is None else min(lo, child_lo)
-            hi = child.fork_offset if hi is None else max(hi, child.fork_offset)
+            hi = child_end if hi is None else max(hi, child_end)
     if lo is None:  # soft-deleted and no fork needs anything: keep nothing
         return s.tail, s.tail
     return lo, (hi if s.soft_deleted else None)
@@ -129,11 +129,21 @@ def _needed_intervals(state: StreamState, s: Stream) -> list[tuple[int, int | No
     """The ranges of ``s``'s offsets some reader reaches (None: open-ended)."""
     intervals: list[tuple[int, int | None]] = [] if s.soft_deleted else [(s.retained_from, None)]
     for child_uid in state.children.get(s.uid, ()):
-        child = state.streams[child_uid]
-        child_lo, _ = needed_range(state, child)
-        if child_lo < child.fork_offset:
-            intervals.append((child_lo, child.fork_offset))
+        child_lo, child_end = _inherited(state, state.streams[child_uid])
+        if child_lo < child_end:
+            intervals.append((child_lo, child_end))
     return intervals
+
+
+def _inherited(state: StreamState, child: Stream) -> tuple[int, int]:
+    """The part of its source's offsets that fork ``child`` still needs: [lo, end).
+
+    Below its fork point, and below what its own readers reach: a soft-deleted
+    fork needs only what its forks inherit, so its source keeps no more than that.
+    """
+    child_lo, child_hi = needed_range(state, child)
+    end = child.fork_offset if child_hi is None else min(child.fork_offset, child_hi)
+    return child_lo, end
 
 
 def release(state: StreamState, s: Stream, ts_ms: int) -> None:

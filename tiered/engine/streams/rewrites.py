@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tiered.engine.streams import integrity
+from tiered.engine.streams import integrity, keyed
 from tiered.engine.streams.model import ColdObject, ColdRef
 from tiered.engine.streams.records import ColdHolesReleased, ColdRewriteCommitted
 from tiered.engine.streams.release import unref
@@ -55,7 +55,7 @@ def apply_holes_released(state: StreamState, record: ColdHolesReleased) -> None:
     """Drop each listed reference that still reads ``old_key`` exactly and lies wholly in its holes."""
     for r in record.ranges:
         s = state.streams.get(r.uid)
-        if s is None or not any(a <= r.start and r.end <= b for a, b in s.holes):
+        if s is None or not keyed.within_hole(s.holes, r.start, r.end):
             continue
         kept = [
             ref

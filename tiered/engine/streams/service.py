@@ -258,17 +258,16 @@ class StreamService:
             lifecycle.check_fork_offset(self.state, source, offset)  # an earlier stream's offset: 400
         if sub:
             if source.json:
-                data = await self.read(source, offset, tail)
-                pos = 0
-                for _ in range(sub):
-                    nl = data.find(b"\n", pos)
-                    if nl < 0:
-                        raise TieredError(
-                            ErrorCode.BAD_REQUEST,
-                            "Stream-Fork-Sub-Offset is past the end of the source stream",
-                        )
-                    pos = nl + 1
-                offset += pos
+                # Messages as a reader of the source sees them: those compaction removed are not counted.
+                after = await keyed.after_messages(
+                    lambda a, b: self.read(source, a, b), source.holes, offset, tail, sub
+                )
+                if after is None:
+                    raise TieredError(
+                        ErrorCode.BAD_REQUEST,
+                        "Stream-Fork-Sub-Offset is past the end of the source stream",
+                    )
+                offset = after
             elif offset + sub > tail:
                 raise TieredError(
                     ErrorCode.BAD_REQUEST, "Stream-Fork-Sub-Offset is past the end of the source stream"
