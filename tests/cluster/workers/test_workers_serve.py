@@ -23,7 +23,7 @@ import pytest
 
 from tests.api.test_conformance import EXPECTED_PASSED_WITH_SUBSCRIPTIONS, run_suite
 from tests.support.deadlines import Deadline, scaled, wait_for
-from tests.support.http_helpers import create, read_all, request, stream_url, unique
+from tests.support.http_helpers import create, read, read_all, request, stream_url, unique
 from tests.support.s3_ops import tiered_command
 from tests.support.server_process import ServerProcess
 
@@ -104,9 +104,25 @@ class Appender:
             time.sleep(0.1)
 
     def check(self) -> None:
+        """Every stream reads back exactly what was acknowledged. A 503 + Retry-After is an answer a client
+        retries (a shard handed back to a restarted worker answers it on its sibling until the sibling's
+        view sees the new owner, a heartbeat later), so the read is retried within a deadline."""
         for name in self.streams:
-            data, _ = read_all(stream_url(self.srv.url, name))
+            data = wait_for(lambda name=name: self._read(name), 30, f"{name} to be readable")
             assert data == b"".join(self.acked[name]), name
+
+    def _read(self, name: str) -> bytes | None:
+        out, offset = bytearray(), "-1"
+        for _ in range(10_000):
+            status, headers, body = read(stream_url(self.srv.url, name), offset)
+            if status == 503:  # the shard moving (SHARD_NOT_OWNED, Retry-After): retried
+                return None
+            assert status == 200, (status, body)
+            out += body
+            offset = headers["Stream-Next-Offset"]
+            if headers.get("Stream-Up-To-Date") == "true":
+                return bytes(out)
+        raise AssertionError(f"{name}: no end after 10,000 reads")
 
 
 def _streams(srv: ServerProcess, count: int) -> list[str]:
