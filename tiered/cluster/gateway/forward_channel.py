@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TypeVar, cast
 
 from tiered.cluster.gateway.forward_batch import TurnBatch, write_all
@@ -44,6 +44,7 @@ from tiered.cluster.gateway.forward_frames import (
     frame,
     frame_parts,
 )
+from tiered.cluster.gateway.unix_http import Answer  # one answer type for both ways to a sibling
 
 __all__ = ["Answer", "ChannelFailed", "FrameChannel", "frames_socket"]
 
@@ -65,15 +66,6 @@ class ChannelFailed(Exception):
     def __init__(self, message: str, *, sent: bool) -> None:
         super().__init__(message)
         self.sent = sent
-
-
-class Answer:
-    __slots__ = ("status", "headers", "body")
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes | AsyncIterator[bytes]) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
 
 
 class _Stream:
