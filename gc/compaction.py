@@ -39,7 +39,7 @@ from tiered.engine.streams.header_keys import HEADER_MODE
 from tiered.engine.streams.keyed import live_pieces
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import StreamCompacted
-from tiered.gc.context import GcContext, GcPass
+from tiered.gc.context import GcContext, GcPass, in_turn
 from tiered.gc.erasure import pace
 from tiered.gc.key_index import KeyIndexer
 
@@ -114,9 +114,7 @@ class CompactKeyedStreams:
             ),
             key=lambda s: s.uid,
         )
-        later = [s for s in keyed if s.uid > self.after_uid]
-        order = later + [s for s in keyed if s.uid <= self.after_uid]
-        return order[: ctx.compaction_max_streams]
+        return in_turn(keyed, self.after_uid, ctx.compaction_max_streams, lambda s: s.uid)
 
     def _changed(self, s: Stream, now_ms: int) -> bool:
         """Whether a scan of ``s`` may remove something its last one did not."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tiered.cold.objects.store import ObjectStore, ObjectStoreError
 from tiered.cold.parquet.reader import ColdReader
@@ -12,6 +12,8 @@ from tiered.core.clock import Clock
 from tiered.core.ports import Committer, PrefixOwner
 from tiered.engine.streams.state import StreamState
 from tiered.gc.report import GcReport
+
+T = TypeVar("T")
 
 
 class HotCopies(Protocol):
@@ -71,3 +73,10 @@ async def prefix_held(ctx: GcContext, report: GcReport, *, force: bool = False) 
 
 
 AsyncAction = Callable[[], Awaitable[None]]
+
+
+def in_turn(candidates: list[T], after_uid: int, limit: int, uid: Callable[[T], int]) -> list[T]:
+    """Up to ``limit`` of ``candidates`` (sorted by uid), starting after the uid where the previous pass
+    stopped and wrapping around: every candidate gets its turn however many there are."""
+    later = [c for c in candidates if uid(c) > after_uid]
+    return (later + [c for c in candidates if uid(c) <= after_uid])[:limit]

@@ -36,7 +36,7 @@ from tiered.engine.jobs.compaction_scan import Decision
 from tiered.engine.streams import header_keys, key_index_file
 from tiered.engine.streams.model import KeyIndexRef, Stream
 from tiered.engine.streams.records import ColdCopyAborted, ColdCopyStarted, KeyIndexCommitted, StreamCompacted
-from tiered.gc.context import GcContext, GcPass
+from tiered.gc.context import GcContext, GcPass, in_turn
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,7 @@ class KeyIndexer:
             ),
             key=lambda s: s.uid,
         )
-        later = [s for s in keyed if s.uid > self.after_uid]
-        order = later + [s for s in keyed if s.uid <= self.after_uid]
-        return order[: ctx.compaction_max_streams]
+        return in_turn(keyed, self.after_uid, ctx.compaction_max_streams, lambda s: s.uid)
 
     def _changed(self, s: Stream, now_ms: int) -> bool:
         """Whether a pass may change ``s``'s index: appends to fold, or a tombstone due (or never checked)."""
