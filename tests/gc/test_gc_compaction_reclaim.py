@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.gc.test_gc_erasure_rewrite import SimulatedCrash, StepStore
+from tests.gc.test_gc_erasure_rewrite import StepStore
+from tests.gc.test_gc_faults import SimulatedCrash, die_here
 from tests.support.gc_support import Harness, VirtualClock, journal_records, make_config
 from tests.support.s3_backends import backend_for
 from tiered.cli import verify_digests
@@ -391,8 +392,7 @@ def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(
     h = Harness(config, StepStore, clock=clock)
 
     def die() -> None:
-        h.s.journal.failed = SimulatedCrash(f"process died: {point}")
-        raise SimulatedCrash(point)
+        die_here(h.s, point)
 
     async def crash_now() -> None:
         die()

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.gc.test_gc_faults import SimulatedCrash, die_here
 from tests.support.gc_support import (
     ControlledStore,
     Harness,
@@ -291,10 +292,6 @@ def test_rows_a_fork_in_another_bucket_inherited_stay_and_are_exempt(tmp_path: P
 # --------------------------------------------------------------------------- crashes and races
 
 
-class SimulatedCrash(Exception):
-    pass
-
-
 class StepStore(ControlledStore):
     """Runs ``before_put`` / ``after_put`` / ``before_delete`` (once each) around the store's calls;
     ``hooked`` picks the puts the hooks are for (a test of one writer among several)."""
@@ -353,8 +350,7 @@ def test_a_crash_between_any_two_steps_loses_nothing_and_leaks_nothing(
     h = Harness(config, StepStore, clock=clock)
 
     def die() -> None:
-        h.s.journal.failed = SimulatedCrash(f"process died: {point}")
-        raise SimulatedCrash(point)
+        die_here(h.s, point)
 
     async def crash_now() -> None:
         die()
