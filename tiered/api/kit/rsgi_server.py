@@ -64,12 +64,35 @@ class RsgiHeaders(Mapping[str, str]):
     header it lists). Such a value reads as ``UNDECODABLE``, a lone surrogate
     like the ones aiohttp's surrogate-escaped decoding leaves, so the routes
     refuse it the same way on both adapters (400, or 401 for credentials).
+
+    The headers are copied into a dict once, on the first look-up: an append
+    asks for a dozen or more names, most of them absent, and each question to
+    granian's object is a call into its runtime (two for an absent name), which
+    cost more than the copy. A repeated name reads as its first value, as
+    granian's own ``get`` answers.
     """
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "_seen")
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
+        self._seen: dict[str, str] | None = None
+
+    def _headers(self) -> dict[str, str]:
+        seen = self._seen
+        if seen is None:
+            raw = self._raw
+            seen = {}
+            for name, value in raw.items():  # granian leaves out the values it cannot decode
+                if name not in seen:
+                    seen[name] = value
+            names = raw.keys()
+            if len(names) != len(seen):
+                for name in names:
+                    if name not in seen:
+                        seen[name] = UNDECODABLE
+            self._seen = seen
+        return seen
 
     def get(self, key: str, default: Any = None) -> Any:
         name = _LOWER.get(key)
@@ -77,25 +100,22 @@ class RsgiHeaders(Mapping[str, str]):
             name = key.lower()
             if len(_LOWER) < 1024:  # the service asks for a fixed set of names
                 _LOWER[key] = name
-        value = self._raw.get(name)
-        if value is None:
-            return UNDECODABLE if name in self._raw else default
-        return value
+        return (self._seen or self._headers()).get(name, default)
 
     def __getitem__(self, key: str) -> str:
-        value = self._raw.get(key.lower())
-        if value is None:
+        value = self._headers().get(key.lower())
+        if value is None or value is UNDECODABLE:
             raise KeyError(key)
-        return str(value)
+        return value
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key.lower() in self._raw
+        return isinstance(key, str) and key.lower() in self._headers()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._raw.keys())
+        return iter(self._headers())
 
     def __len__(self) -> int:
-        return len(self._raw.keys())
+        return len(self._headers())
 
 
 #: A request still running after this long (up to twice as long) starts watching for its client to leave.
@@ -177,12 +197,15 @@ class _App:
         self._max_body = max_body_bytes
         self._large_max = large_body_max_bytes  # bodies that may stream (``Request.body_stream``); 0: none
         self._slow = _SlowRequests()
+        #: The loop granian calls this on (set when the listener starts): ``asyncio.current_task()`` without
+        #: it asks for the running loop, which on Python 3.11 is a ``getpid`` system call per request.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
             proto.close(403)  # websockets: not part of the protocol
             return
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)
         assert task is not None
         # Most requests finish long before it: only the ones still running
         # (long-polls, SSE, appends queued behind a full batch) get a watcher.
@@ -435,6 +458,7 @@ class RsgiListener:
         await self._start_one("", 0, uds=path)
 
     async def _start_one(self, address: str, port: int, uds: Path | None = None) -> None:
+        self._app.loop = asyncio.get_running_loop()  # granian runs the app on the loop that serves it
         cert, key = self._tls
         if uds is not None:
             cert = key = None  # local peers only, over a socket file only this user can open
