@@ -8,6 +8,8 @@ sub-offset counts messages by counting newlines.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 from tiered.core.errors import ErrorCode, TieredError
@@ -18,11 +20,15 @@ _json_decoder = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
 
 
+# Every append asks these of its own and its stream's Content-Type, several times over, and a node sees few
+# distinct values: remembered (bounded, so a client sending ever-new values only evicts older ones).
+@functools.lru_cache(maxsize=1024)
 def media_type(content_type: str) -> str:
     """The type/subtype part, lowercased: what stream type comparisons use."""
     return content_type.split(";", 1)[0].strip().lower()
 
 
+@functools.lru_cache(maxsize=1024)
 def is_json(content_type: str) -> bool:
     return media_type(content_type) == "application/json"
 
@@ -33,6 +39,7 @@ def is_text_like(content_type: str) -> bool:
     return mt.startswith("text/") or mt == "application/json"
 
 
+@functools.lru_cache(maxsize=1024)
 def valid_media_type(content_type: str) -> bool:
     mt = media_type(content_type)
     main, sep, sub = mt.partition("/")
