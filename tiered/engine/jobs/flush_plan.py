@@ -7,7 +7,7 @@ retention. Both read the state only; the flusher (``flusher``) does the I/O.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -54,23 +54,7 @@ def plan_flush(
             end = min(end, bad)  # damage never travels to the cold tier
         if end <= s.cold_end:
             continue
-        c = s.chunks
-        i = max(0, bisect_right(c.starts, s.cold_end) - 1)
-        chunks: list[tuple[int, int, int, int, int]] = []
-        size = 0
-        while i < len(c) and c.starts[i] < end and size < budget:
-            start, length, pos = c.starts[i], c.lens[i], c.poss[i]
-            if start < s.cold_end < start + length:
-                # Retention released the front of this record: copy only the rest.
-                pos += s.cold_end - start
-                length -= s.cold_end - start
-                start = s.cold_end
-            if chunks and start != chunks[-1][0] + chunks[-1][1]:
-                break  # a gap: a large body stored by reference, cold already (``payloads``)
-            if start >= s.cold_end:
-                chunks.append((start, length, c.segs[i], pos, c.times[i]))
-                size += length
-            i += 1
+        chunks, size = _chunks_to_copy(s, end, budget)
         if not chunks or chunks[0][0] != s.cold_end:
             continue  # hot copies of the next range are not where they should be; skip
         budget -= size
@@ -105,6 +89,43 @@ def plan_flush(
     if current:
         objects.append(current)
     return objects
+
+
+def _chunks_to_copy(s: Stream, end: int, budget: int) -> tuple[list[tuple[int, int, int, int, int]], int]:
+    """The hot records of ``s`` from its cold end up to ``end``, while fewer than ``budget`` bytes are taken,
+    up to the first gap (a large body stored by reference, cold already): ``(start, length, segment,
+    position, ts_ms)`` each, a record cut where retention released its front; and their bytes.
+
+    This runs on the loop for every record of a pass (a second's appends): the usual case (the cold end on
+    a record boundary, no gap, within the budget) is taken as array slices; anything else record by record.
+    """
+    c = s.chunks
+    starts, lens = c.starts, c.lens
+    cold_end = s.cold_end
+    i = max(0, bisect_right(starts, cold_end) - 1)
+    j = bisect_left(starts, end, i)  # the records that start before ``end``
+    if i < j and starts[i] == cold_end:
+        taken = sum(lens[i:j])
+        if starts[j - 1] + lens[j - 1] - cold_end == taken and taken - lens[j - 1] < budget:
+            return list(
+                zip(starts[i:j], lens[i:j], c.segs[i:j], c.poss[i:j], c.times[i:j], strict=True)
+            ), taken
+    chunks: list[tuple[int, int, int, int, int]] = []
+    size = 0
+    while i < len(c) and starts[i] < end and size < budget:
+        start, length, pos = starts[i], lens[i], c.poss[i]
+        if start < cold_end < start + length:
+            # Retention released the front of this record: copy only the rest.
+            pos += cold_end - start
+            length -= cold_end - start
+            start = cold_end
+        if chunks and start != chunks[-1][0] + chunks[-1][1]:
+            break  # a gap: a large body stored by reference, cold already (``payloads``)
+        if start >= cold_end:
+            chunks.append((start, length, c.segs[i], pos, c.times[i]))
+            size += length
+        i += 1
+    return chunks, size
 
 
 def _piece(s: Stream, chunks: list[tuple[int, int, int, int, int]]) -> PieceToCopy:
