@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from tiered.cold.objects.keys import new_object_key
@@ -48,6 +49,29 @@ log = logging.getLogger(__name__)
 #: read, and one read spans at most ``RUN_BYTES``.
 RUN_GAP_BYTES = 64 * 1024
 RUN_BYTES = 8 * 1024 * 1024
+
+#: The flusher's thread lets the event loop's thread take the GIL after this many records of Python work.
+#: A pass walks a second's appends; read in runs it makes few system calls (each of which let the loop in),
+#: so the loop would otherwise wait out the interpreter's switch interval (5 ms) again and again while
+#: requests queue behind it.
+#: Measured (bench/compare.py, 3 runs each, quiet machine): append p99 20.4 ms without, 14.9 ms with
+#: (records read one by one, as before runs, gave 14.1 ms at more system time).
+YIELD_EVERY_RECORDS = 256
+
+
+class _Yielder:
+    """Counts records of Python work on a worker thread and sleeps briefly every ``YIELD_EVERY_RECORDS``."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def tick(self) -> None:
+        self._n += 1
+        if self._n >= YIELD_EVERY_RECORDS:
+            self._n = 0
+            time.sleep(0)  # releases the GIL: the loop's thread, when waiting for it, is woken
 
 
 class ColdFlusher:
@@ -227,12 +251,14 @@ class ColdFlusher:
         prefetched = self._read_runs(pieces)
         out: list[ColdRecord] = []
         kept: list[PieceToCopy] = []
+        pause = _Yielder()
         for p in pieces:
             s = p.stream
             loaded: list[ColdRecord] = []
             hot = digests.get(s.uid, []) if digests is not None else []
             known = integrity.digests_of(hot, ((start, start + length) for start, length, *_ in p.chunks))
             for (start, length, seg, pos, ts), digest in zip(p.chunks, known, strict=True):
+                pause.tick()
                 try:
                     data = prefetched.get((seg, pos))
                     if data is None or len(data) != length:
@@ -267,6 +293,7 @@ class ColdFlusher:
         left out, and its records are read one by one, so a damaged record cuts its piece as before.
         """
         wanted = sorted((seg, pos, length) for p in pieces for _, length, seg, pos, _ in p.chunks)
+        pause = _Yielder()
         out: dict[tuple[int, int], bytes] = {}
         i, n = 0, len(wanted)
         while i < n:
@@ -285,6 +312,7 @@ class ColdFlusher:
                     run = None
                 if run is not None:
                     for _, pos, size in wanted[i:j]:
+                        pause.tick()
                         out[(seg, pos)] = run[pos - lo : pos - lo + size]
             i = j
         return out
