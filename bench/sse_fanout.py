@@ -246,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-script", default=DEFAULT_REFERENCE_SCRIPT)
     parser.add_argument("--tiered-cmd", default=f"{shlex.quote(sys.executable)} -m tiered.cli serve")
     parser.add_argument("--tiered-args", default="")
+    parser.add_argument(
+        "--other-tiered",
+        action="append",
+        default=[],
+        metavar="LABEL=CMD",
+        help="another build, as tiered@LABEL",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     if not (1 <= args.readers <= 20_000 and 1 <= args.records <= 100_000 and 0 < args.rate <= 1000):
