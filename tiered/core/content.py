@@ -21,7 +21,8 @@ _json_encoder = msgspec.json.Encoder()
 
 
 # Every append asks these of its own and its stream's Content-Type, several times over, and a node sees few
-# distinct values: remembered (bounded, so a client sending ever-new values only evicts older ones).
+# distinct values: remembered (bounded, so a client sending ever-new values only evicts older ones; what a
+# request sends is at most 256 bytes by then, ``check_stream_headers`` runs first on every stream route).
 @functools.lru_cache(maxsize=1024)
 def media_type(content_type: str) -> str:
     """The type/subtype part, lowercased: what stream type comparisons use."""
