@@ -67,9 +67,10 @@ class RsgiHeaders(Mapping[str, str]):
 
     The headers are copied into a dict once, on the first look-up: an append
     asks for a dozen or more names, most of them absent, and each question to
-    granian's object is a call into its runtime (two for an absent name), which
-    cost more than the copy. A repeated name reads as its first value, as
-    granian's own ``get`` answers.
+    granian's object is a call into its runtime (two for an absent name); the
+    copy asks once per name the client sent. (``items()`` would be one call,
+    but it leaves hidden values out, so a hidden first value of a repeated
+    name would read as the next one: not what granian's ``get`` answers.)
     """
 
     __slots__ = ("_raw", "_seen")
@@ -83,14 +84,11 @@ class RsgiHeaders(Mapping[str, str]):
         if seen is None:
             raw = self._raw
             seen = {}
-            for name, value in raw.items():  # granian leaves out the values it cannot decode
-                if name not in seen:
-                    seen[name] = value
-            names = raw.keys()
-            if len(names) != len(seen):
-                for name in names:
-                    if name not in seen:
-                        seen[name] = UNDECODABLE
+            # Each name read as granian's own ``get`` reads it (its first value; None when that value is
+            # hidden, even if a later one is clean): one call per name sent, none per name asked for.
+            for name in raw.keys():
+                value = raw.get(name)
+                seen[name] = UNDECODABLE if value is None else value
             self._seen = seen
         return seen
 
