@@ -332,8 +332,17 @@ def test_unread_bodies_of_refused_requests_are_not_parsed_as_requests(srv: Serve
             ("GET", path + "?offset=bad", {}),
         ]
         for method, target, headers in refusals:
-            conn.request(method, target, body=smuggled, headers=headers)
-            resp = conn.getresponse()
+            try:
+                conn.request(method, target, body=smuggled, headers=headers)
+                resp = conn.getresponse()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                # The server may close a connection whose body it did not read without saying so first
+                # (legal; failed so once in a whole-suite run): send it again on a new one. What the
+                # test is about holds either way: the smuggled DELETE never runs.
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+                conn.request(method, target, body=smuggled, headers=headers)
+                resp = conn.getresponse()
             resp.read()
             assert 400 <= resp.status < 500, (method, target, resp.status)
             if resp.will_close:
