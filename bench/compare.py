@@ -469,6 +469,18 @@ def build_specs(args: argparse.Namespace) -> dict[str, ServerSpec]:
     }
 
 
+def add_other_tiered_argument(parser: argparse.ArgumentParser) -> None:
+    """``--other-tiered LABEL=CMD``: what ``_other_tiereds`` reads (every script that uses this server table)."""
+    parser.add_argument(
+        "--other-tiered",
+        action="append",
+        default=[],
+        metavar="LABEL=CMD",
+        help="another tiered build to run in the same rounds as server key tiered@LABEL (e.g. "
+        'old="env PYTHONPATH=/tmp/old python3 -m tiered.cli serve"); repeatable',
+    )
+
+
 def _other_tiereds(args: argparse.Namespace) -> dict[str, str]:
     """``--other-tiered LABEL=CMD`` servers, keyed ``tiered@LABEL`` (another build to compare with)."""
     out = {}
@@ -587,14 +599,7 @@ def _main(argv: list[str] | None) -> int:
         "--tiered-cmd", default="tiered serve", help="command that starts tiered (default 'tiered serve')"
     )
     parser.add_argument("--tiered-args", default="", help="extra arguments appended to the tiered command")
-    parser.add_argument(
-        "--other-tiered",
-        action="append",
-        default=[],
-        metavar="LABEL=CMD",
-        help="another tiered build to run in the same rounds as server key tiered@LABEL (e.g. "
-        'old="env PYTHONPATH=/tmp/old python3 -m tiered.cli serve"); repeatable',
-    )
+    add_other_tiered_argument(parser)
     parser.add_argument(
         "--startup-timeout", type=float, default=120.0, help="seconds to wait for a server (default 120)"
     )

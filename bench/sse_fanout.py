@@ -52,6 +52,7 @@ from compare import (  # noqa: E402  (needs the sys.path entry above)
     DEFAULT_REFERENCE_SCRIPT,
     SERVER_LABELS,
     ServerUnavailable,
+    add_other_tiered_argument,
     build_specs,
     running_server,
 )
@@ -246,13 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-script", default=DEFAULT_REFERENCE_SCRIPT)
     parser.add_argument("--tiered-cmd", default=f"{shlex.quote(sys.executable)} -m tiered.cli serve")
     parser.add_argument("--tiered-args", default="")
-    parser.add_argument(
-        "--other-tiered",
-        action="append",
-        default=[],
-        metavar="LABEL=CMD",
-        help="another build, as tiered@LABEL",
-    )
+    add_other_tiered_argument(parser)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     if not (1 <= args.readers <= 20_000 and 1 <= args.records <= 100_000 and 0 < args.rate <= 1000):

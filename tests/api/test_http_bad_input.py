@@ -320,7 +320,13 @@ def test_unread_bodies_of_refused_requests_are_not_parsed_as_requests(srv: Serve
     create(victim, "text/plain", "intact")
     path = victim[len(srv.url) :]
     smuggled = f"DELETE {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+
+    def reopen(old: http.client.HTTPConnection | None = None) -> http.client.HTTPConnection:
+        if old is not None:
+            old.close()
+        return http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+
+    conn = reopen()
     try:
         refusals = [
             ("PUT", path + "-new", {"Stream-TTL": "bad"}),
@@ -339,15 +345,13 @@ def test_unread_bodies_of_refused_requests_are_not_parsed_as_requests(srv: Serve
                 # The server may close a connection whose body it did not read without saying so first
                 # (legal; failed so once in a whole-suite run): send it again on a new one. What the
                 # test is about holds either way: the smuggled DELETE never runs.
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+                conn = reopen(conn)
                 conn.request(method, target, body=smuggled, headers=headers)
                 resp = conn.getresponse()
             resp.read()
             assert 400 <= resp.status < 500, (method, target, resp.status)
             if resp.will_close:
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+                conn = reopen(conn)
     finally:
         conn.close()
     assert read(victim)[2] == b"intact"
