@@ -874,3 +874,68 @@ def test_retention_passing_keyed_appends(tmp_path: Path, when: str) -> None:
             await h.stop()
 
     asyncio.run(main())
+
+
+def test_the_index_counts_towards_its_buckets_retained_bytes(tmp_path: Path) -> None:
+    """A key index object is the bucket's: the usage API, the quota totals and a full walk all count it,
+    a new index replaces the old one's count, and a deleted stream's index stops counting."""
+    from tiered.engine.tenants.footprint import footprints
+
+    async def usage(h: HttpHarness) -> dict[str, int]:
+        status, _, body = await h.http("GET", "/v1/admin/usage?bucket=default")
+        assert status == 200, body
+        [row] = json.loads(body)["buckets"]
+        return dict(row["retained_bytes"])
+
+    async def main() -> None:
+        h = _harness(tmp_path)
+        await h.start()
+        try:
+            assert await _create(h) == 201
+            for i in range(40):
+                assert (await _append(h, f"key-{i % 25}", f"value-{i};".encode()))[0] == 204
+            await h.flush()
+            h.s.footprint.totals("default")  # kept incrementally from here on, as on a busy server
+            assert (await h.gc(T0)).key_indexes_written == 1
+            s = h.s.state.streams[h.s.state.paths["default", "hk"]]
+            index = s.key_index
+            assert index is not None
+            stored = {i.key: i.size async for i in h.s.store.list("data/")}
+            assert stored[index.key] == index.size > 0
+            cached = h.s.footprint.totals("default")
+            walked = footprints(h.s.state)["default"]
+            assert walked.key_index_bytes == index.size
+            assert cached == (walked.streams, walked.retained_bytes)
+            assert (await usage(h))["key_index"] == index.size
+
+            # More keys: the next pass writes a bigger index, which replaces the old one's count.
+            for i in range(25, 200):
+                assert (await _append(h, f"key-{i}", f"value-{i};".encode()))[0] == 204
+            await h.flush()
+            assert (await h.gc(T0 + 1)).key_indexes_written == 1
+            bigger = s.key_index
+            assert bigger is not None and bigger.key != index.key and bigger.size > index.size
+            walked = footprints(h.s.state)["default"]
+            assert walked.key_index_bytes == bigger.size
+            assert h.s.footprint.totals("default") == (walked.streams, walked.retained_bytes)
+            assert (await usage(h))["key_index"] == bigger.size
+
+            # The quota holds it too: 10 bytes more fit beside the data alone, not beside data and index.
+            limit = walked.retained_bytes + 5
+            assert walked.retained_bytes - bigger.size + 10 <= limit < walked.retained_bytes + 10
+            status, _, body = await h.http(
+                "PUT", "/v1/admin/quotas/default", json_body={"max_retained_bytes": limit}
+            )
+            assert status in (200, 201), body
+            status, _, body = await _append(h, "key-0", b"0123456789")
+            assert status == 507 and _code(body) == "QUOTA_EXCEEDED", (status, body)
+
+            # Restarted, the walk counts the same; deleted, the stream's index stops counting.
+            await h.restart(crash=True)
+            assert (await usage(h))["key_index"] == bigger.size
+            assert (await h.http("DELETE", URL))[0] == 204
+            assert (await usage(h))["key_index"] == 0
+        finally:
+            await h.stop()
+
+    asyncio.run(main())

@@ -415,7 +415,13 @@ async def test_producer_state_counts_towards_retained_bytes_exactly(h: HttpHarne
     ids = [f"{i:0100d}" for i in range(20)]  # 100 bytes: 124 of state, plus 1 byte of data = 125
     for pid in ids[:8]:
         assert (await h.http("POST", url("s"), body=b"x", headers=producer(pid)))[0] == 200
-    assert await usage(h) == {"hot": 8, "cold": 0, "producers": 8 * 124, "snapshots": 0}  # exactly the quota
+    assert await usage(h) == {
+        "hot": 8,
+        "cold": 0,
+        "producers": 8 * 124,
+        "snapshots": 0,
+        "key_index": 0,
+    }  # exactly the quota
     await refused_by_quota(h, url("s"), producer(ids[8]))  # a new producer's state does not fit
     await refused_by_quota(h, url("s"), {**OCTET, "Stream-Closed": "true", **producer(ids[8])}, b"")
     await refused_by_quota(h, url("s"), producer(ids[0], seq=1))  # its byte of data does not fit either
@@ -423,23 +429,23 @@ async def test_producer_state_counts_towards_retained_bytes_exactly(h: HttpHarne
     # The state expires: the next append drops it (its own state charged, the others released).
     h.clock.advance(60_000)
     assert (await h.http("POST", url("s"), body=b"x", headers=producer(ids[9])))[0] == 200
-    assert await usage(h) == {"hot": 9, "cold": 0, "producers": 124, "snapshots": 0}
+    assert await usage(h) == {"hot": 9, "cold": 0, "producers": 124, "snapshots": 0, "key_index": 0}
     await h.restart(crash=True)
-    assert await usage(h) == {"hot": 9, "cold": 0, "producers": 124, "snapshots": 0}
+    assert await usage(h) == {"hot": 9, "cold": 0, "producers": 124, "snapshots": 0, "key_index": 0}
     for pid in ids[10:17]:  # 9 + 124 + 7 * 125 = 1,008 > 1,000: six fit, the seventh is refused
         status = (await h.http("POST", url("s"), body=b"x", headers=producer(pid)))[0]
         if pid == ids[16]:
             assert status == 507
         else:
             assert status == 200
-    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 7 * 124, "snapshots": 0}
+    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 7 * 124, "snapshots": 0, "key_index": 0}
     # A stream nobody writes to any more lets go at the next GC pass.
     h.clock.advance(60_000)
     report = await h.gc(h.clock.ms)
     assert report.producer_states_expired == 7
-    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 0, "snapshots": 0}
+    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 0, "snapshots": 0, "key_index": 0}
     await h.restart(crash=True)
-    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 0, "snapshots": 0}
+    assert await usage(h) == {"hot": 15, "cold": 0, "producers": 0, "snapshots": 0, "key_index": 0}
 
 
 @on_harness(max_producers_per_stream=4)
@@ -447,7 +453,13 @@ async def test_the_cap_per_stream_over_http(h: HttpHarness) -> None:
     assert (await h.http("PUT", url("s"), headers=OCTET))[0] == 201
     for i in range(10):
         assert (await h.http("POST", url("s"), body=b"x", headers=producer(f"p{i}")))[0] == 200
-    assert await usage(h) == {"hot": 10, "cold": 0, "producers": 4 * (2 + OVERHEAD), "snapshots": 0}
+    assert await usage(h) == {
+        "hot": 10,
+        "cold": 0,
+        "producers": 4 * (2 + OVERHEAD),
+        "snapshots": 0,
+        "key_index": 0,
+    }
     status, _, body = await h.http("POST", url("s"), body=b"x", headers=producer("p0", seq=1))
     assert status == 400 and "evicted" in json.loads(body)["error"]["message"]
     assert (await h.http("POST", url("s"), body=b"x", headers=producer("p9", seq=1)))[0] == 200

@@ -160,7 +160,7 @@ def test_usage_log_lines_and_rotation(tmp_path: Path) -> None:
         assert acme["appended_bytes"] == durable.appended_bytes == 10
         assert acme["requests"]["read"] == durable.read_requests == 1
         assert (
-            acme["retained_bytes"] == {"hot": 10, "cold": 0, "producers": 0, "snapshots": 0}
+            acme["retained_bytes"] == {"hot": 10, "cold": 0, "producers": 0, "snapshots": 0, "key_index": 0}
             and acme["streams"] == 1
         )
         assert acme["ts_ms"] == h.clock.ms and acme["from_ms"] <= acme["ts_ms"]

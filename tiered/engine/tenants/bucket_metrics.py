@@ -13,7 +13,7 @@ counter reset).
 | ``tiered_bucket_appended_bytes_total``, ``tiered_bucket_appended_records_total`` | bucket |
 | ``tiered_bucket_egress_bytes_total`` | bucket, tier (hot, cold) |
 | ``tiered_bucket_requests_total`` | bucket, class (append, read, live, admin) |
-| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold, producers: idempotent producers' state) |
+| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold, producers: idempotent producers' state, snapshots, key_index) |
 | ``tiered_bucket_streams``, ``tiered_bucket_live_readers`` | bucket |
 | ``tiered_bucket_quota_refusals_total`` | bucket, quota |
 """
@@ -67,6 +67,7 @@ def bucket_metric_families(
             s.cold_bytes += fp.cold_bytes
             s.producer_bytes += fp.producer_bytes
             s.snapshot_bytes += fp.snapshot_bytes
+            s.key_index_bytes += fp.key_index_bytes
         live[lb] = live.get(lb, 0) + gate.live.get(b, 0)
     refusals: dict[tuple[str, str], int] = {}
     for (b, quota), n in gate.refusals.items():
@@ -104,7 +105,8 @@ def bucket_metric_families(
             requests.add_metric([b, cls], n)
     retained = GaugeMetricFamily(
         "tiered_bucket_retained_bytes",
-        "Bytes the bucket's streams hold, by tier (producers: idempotent producers' state)",
+        "Bytes the bucket's streams hold, by tier (producers: idempotent producers' state; key_index: "
+        "header-keyed streams' key index objects)",
         labels=["bucket", "tier"],
     )
     streams_gauge = GaugeMetricFamily(
@@ -115,6 +117,7 @@ def bucket_metric_families(
         retained.add_metric([b, "cold"], space[b].cold_bytes)
         retained.add_metric([b, "producers"], space[b].producer_bytes)
         retained.add_metric([b, "snapshots"], space[b].snapshot_bytes)
+        retained.add_metric([b, "key_index"], space[b].key_index_bytes)
         streams_gauge.add_metric([b], space[b].streams)
     live_readers = GaugeMetricFamily(
         "tiered_bucket_live_readers", "Long-poll and SSE readers of the bucket", labels=["bucket"]

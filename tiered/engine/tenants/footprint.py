@@ -8,7 +8,8 @@ data is held (and counted) by its source's bucket. Streams count while they
 exist and are not soft-deleted (an expired stream counts until GC journals
 its expiry). Idempotent producers' state counts too: ``Stream.producer_bytes``
 (``tiered/engine/streams/producers.py``: each state's id plus 24 bytes), so a bucket
-cannot grow without bound through producer ids.
+cannot grow without bound through producer ids. So do a stream's snapshot object and a header-keyed
+stream's key index object (``header_keys``): cold objects the bucket's streams own, written for them.
 
 ``footprints`` walks every stream (gauges, the usage API). The quota checks
 on the write path use ``FootprintCache``: per-bucket totals kept up to date by
@@ -22,10 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tiered.engine.streams import header_keys
 from tiered.engine.streams.model import Stream
 from tiered.engine.streams.records import (
     Appended,
     BucketErased,
+    KeyIndexCommitted,
     ProducersExpired,
     RetentionAdvanced,
     SnapshotPublished,
@@ -56,10 +59,17 @@ class Footprint:
     cold_bytes: int = 0
     producer_bytes: int = 0  # idempotent producers' state
     snapshot_bytes: int = 0  # stream snapshots' bodies (``tiered/engine/streams/snapshots.py``)
+    key_index_bytes: int = 0  # header-keyed streams' key index objects (``header_keys``)
 
     @property
     def retained_bytes(self) -> int:
-        return self.hot_bytes + self.cold_bytes + self.producer_bytes + self.snapshot_bytes
+        return (
+            self.hot_bytes
+            + self.cold_bytes
+            + self.producer_bytes
+            + self.snapshot_bytes
+            + self.key_index_bytes
+        )
 
 
 def footprints(state: StreamState) -> dict[str, Footprint]:
@@ -76,6 +86,7 @@ def footprints(state: StreamState) -> dict[str, Footprint]:
         fp.cold_bytes += cold
         fp.producer_bytes += s.producer_bytes
         fp.snapshot_bytes += snapshot_bytes(s)
+        fp.key_index_bytes += header_keys.index_bytes(s)
     return out
 
 
@@ -115,6 +126,11 @@ class FootprintCache:
             return streams[record.uid].producer_bytes
         if isinstance(record, ProducersExpired):
             return [(s, s.producer_bytes) for uid in record.uids if (s := streams.get(uid)) is not None]
+        if isinstance(record, KeyIndexCommitted):
+            # The new index replaces the old one (or none): the bucket's bytes move by the difference. Once
+            # per keyed stream per compaction pass, so no walk over every stream for it.
+            s = streams.get(record.uid)
+            return header_keys.index_bytes(s) if s is not None else 0
         return None
 
     def after_apply(self, record: Any, token: object) -> Sequence[Any]:
@@ -138,6 +154,15 @@ class FootprintCache:
                 row = self._row(s.bucket)
                 assert row is not None
                 row[1] += s.producer_bytes - before
+        elif isinstance(record, KeyIndexCommitted):
+            if not isinstance(token, int):
+                self._totals = None
+                return ()
+            keyed = self.state.streams.get(record.uid)
+            if keyed is not None and (grown := header_keys.index_bytes(keyed) - token):
+                row = self._row(keyed.bucket)
+                assert row is not None
+                row[1] += grown
         elif isinstance(record, StreamCreated):
             row = self._row(record.bucket)
             assert row is not None

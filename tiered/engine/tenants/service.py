@@ -41,6 +41,7 @@ def usage_view(bucket: str, usage: BucketUsage, fp: Footprint | None, erased: bo
             "cold": fp.cold_bytes,
             "producers": fp.producer_bytes,
             "snapshots": fp.snapshot_bytes,
+            "key_index": fp.key_index_bytes,
         },
         "streams": fp.streams,
     }

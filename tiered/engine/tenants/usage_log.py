@@ -7,7 +7,7 @@ shows are durable in the journal::
      "appended_bytes": 123, "appended_records": 4,
      "egress_bytes": {"hot": 100, "cold": 0},
      "requests": {"append": 4, "read": 2, "live": 0, "admin": 1},
-     "retained_bytes": {"hot": 123, "cold": 0, "producers": 0, "snapshots": 0}, "streams": 1}
+     "retained_bytes": {"hot": 123, "cold": 0, "producers": 0, "snapshots": 0, "key_index": 0}, "streams": 1}
 
 Counters are totals since the bucket was created (monotonic, and the same
 after a restart): a bill for a period is the difference between two lines.
