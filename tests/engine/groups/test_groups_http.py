@@ -171,15 +171,38 @@ def heartbeat(server: ServerProcess, group: str, view: dict[str, Any], **kw: Any
     return call(server, "POST", f"/v1/groups/{group}/heartbeat", body)
 
 
+def create_settled(
+    server: ServerProcess, group: str, spec: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Create a group over streams that exist, then wait for the plan that makes them its targets.
+
+    The create journals the group at revision 0 without targets (its view shows what it selects); the
+    sweeper's next pass (every 0.5 s) plans those streams as owner-less targets at revision 1, unless a
+    join or a link plans first. Which comes first is timing, and every later revision and fence moves
+    with it; waiting for that plan makes them the same on every run: revision 1, then a first join at
+    revision 2 with fence 2. Returns (the create's answer, the group as described once planned).
+    """
+    status, created = call(server, "PUT", f"/v1/groups/{group}", spec)
+    assert status == 201, created
+    deadline = time.monotonic() + 30
+    while True:
+        status, described = call(server, "GET", f"/v1/groups/{group}")
+        assert status == 200, described
+        if described["revision"] >= 1:
+            assert described["revision"] == 1 and not described["members"], described
+            return created, described
+        assert time.monotonic() < deadline, f"the sweeper never planned the new group: {described}"
+        time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------- create, describe, list, delete
 
 
 def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
     g, p = names()
     make_streams(server, p, ("a", b"hello"), ("b", b""))
-    status, body = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*", "streams": [f"{p}/later"]})
-    assert status == 201
-    inc = body["incarnation"]
+    created, body = create_settled(server, g, {"pattern": f"{p}/*", "streams": [f"{p}/later"]})
+    inc = created["incarnation"]
     expected = {
         "group": g,
         "incarnation": inc,
@@ -188,8 +211,10 @@ def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
         "members": [],
         "targets": [target(f"{p}/a", None, None, 0, 0, 5), target(f"{p}/b", None, None, 0, 0, 0)],
     }
-    assert strip_times(body) == expected
-    # Re-confirming the identical configuration is 200 with the same body.
+    assert strip_times(created) == expected
+    # The sweeper's plan makes the selected streams targets: the same view, one revision on.
+    assert strip_times(body) == {**expected, "revision": 1}
+    # Re-confirming the identical configuration is 200 with the group as it is.
     status, again = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*", "streams": [f"{p}/later"]})
     assert status == 200 and again == body
     status, got = call(server, "GET", f"/v1/groups/{g}")
@@ -206,15 +231,15 @@ def test_create_describe_list_delete_recreate(server: ServerProcess) -> None:
         "group": g,
         "bucket": "default",
         "incarnation": inc,
-        "revision": 0,
+        "revision": 1,
         "members": 0,
-        "targets": 0,
+        "targets": 2,
     } in listing["groups"]
 
     # Cursors die with the incarnation; the name is free again.
     view = join(server, g, "m1", "j1")
     status, _ = heartbeat(
-        server, g, view, commits=[{"stream": f"{p}/a", "fence": 1, "offset": format_offset(5)}]
+        server, g, view, commits=[{"stream": f"{p}/a", "fence": 2, "offset": format_offset(5)}]
     )
     assert status == 200
     assert call(server, "DELETE", f"/v1/groups/{g}?incarnation={inc}") == (204, None)
@@ -374,42 +399,42 @@ def test_delete_preconditions(server: ServerProcess) -> None:
 def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
     g, p = names_in_one_shard()
     make_streams(server, p, ("a", b"0123456789"), ("b", b"abc"))
-    status, body = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
+    body, _ = create_settled(server, g, {"pattern": f"{p}/*"})
     inc = body["incarnation"]
     a, b = f"{p}/a", f"{p}/b"
 
     v1 = join(server, g, "m1", "j1")
-    assert v1 == member_view(g, inc, 1, "m1", 1, [(a, 1, 0, False), (b, 1, 0, False)])
+    assert v1 == member_view(g, inc, 2, "m1", 1, [(a, 2, 0, False), (b, 2, 0, False)])
     assert join(server, g, "m1", "j1") == v1  # a retried join changes nothing
 
     # Commits move cursors; a lower one never moves them back.
-    status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 1, "offset": format_offset(4)}])
+    status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 2, "offset": format_offset(4)}])
     assert (status, hb) == (
         200,
-        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, 0, False)], rejected=[]),
+        member_view(g, inc, 2, "m1", 1, [(a, 2, 4, False), (b, 2, 0, False)], rejected=[]),
     )
-    status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 1, "offset": format_offset(2)}])
+    status, hb = heartbeat(server, g, v1, commits=[{"stream": a, "fence": 2, "offset": format_offset(2)}])
     assert (status, hb) == (
         200,
-        member_view(g, inc, 1, "m1", 1, [(a, 1, 4, False), (b, 1, 0, False)], rejected=[]),
+        member_view(g, inc, 2, "m1", 1, [(a, 2, 4, False), (b, 2, 0, False)], rejected=[]),
     )
 
     # A second member: the move is intent first; m1 is told to release b.
     v2 = join(server, g, "m2", "j2")
-    assert v2 == member_view(g, inc, 2, "m2", 2, [], pending=[b])
+    assert v2 == member_view(g, inc, 3, "m2", 2, [], pending=[b])
     status, hb = heartbeat(server, g, v1)
     assert (status, hb) == (
         200,
-        member_view(g, inc, 2, "m1", 1, [(a, 1, 4, False), (b, 1, 0, True)], rejected=[]),
+        member_view(g, inc, 3, "m1", 1, [(a, 2, 4, False), (b, 2, 0, True)], rejected=[]),
     )
     status, desc = call(server, "GET", f"/v1/groups/{g}")
     assert strip_times(desc) == {
         "group": g,
         "incarnation": inc,
-        "revision": 2,
+        "revision": 3,
         **group_spec(pattern=f"{p}/*"),
         "members": [{"member": "m1", "generation": 1}, {"member": "m2", "generation": 2}],
-        "targets": [target(a, "m1", "m1", 1, 4, 10), target(b, "m2", "m1", 1, 0, 3)],
+        "targets": [target(a, "m1", "m1", 2, 4, 10), target(b, "m2", "m1", 2, 0, 3)],
     }
 
     # m1 commits and releases b in one heartbeat; m2 is activated with a higher fence.
@@ -417,12 +442,12 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
         server,
         g,
         v1,
-        commits=[{"stream": b, "fence": 1, "offset": format_offset(2)}],
-        releases=[{"stream": b, "fence": 1}],
+        commits=[{"stream": b, "fence": 2, "offset": format_offset(2)}],
+        releases=[{"stream": b, "fence": 2}],
     )
-    assert (status, hb) == (200, member_view(g, inc, 3, "m1", 1, [(a, 1, 4, False)], rejected=[]))
+    assert (status, hb) == (200, member_view(g, inc, 4, "m1", 1, [(a, 2, 4, False)], rejected=[]))
     status, hb = heartbeat(server, g, v2)
-    assert (status, hb) == (200, member_view(g, inc, 3, "m2", 2, [(b, 3, 2, False)], rejected=[]))
+    assert (status, hb) == (200, member_view(g, inc, 4, "m2", 2, [(b, 4, 2, False)], rejected=[]))
 
     # Per-item refusals: a stale fence, past the tail, a stream not held.
     status, hb = heartbeat(
@@ -430,28 +455,28 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
         g,
         v1,
         commits=[
-            {"stream": b, "fence": 1, "offset": format_offset(3)},
-            {"stream": a, "fence": 1, "offset": format_offset(11)},
-            {"stream": f"{p}/zzz", "fence": 1, "offset": format_offset(0)},
+            {"stream": b, "fence": 2, "offset": format_offset(3)},
+            {"stream": a, "fence": 2, "offset": format_offset(11)},
+            {"stream": f"{p}/zzz", "fence": 2, "offset": format_offset(0)},
         ],
-        releases=[{"stream": b, "fence": 1}],  # already released: a harmless no-op
+        releases=[{"stream": b, "fence": 2}],  # already released: a harmless no-op
     )
     assert (status, hb) == (
         200,
         member_view(
             g,
             inc,
-            3,
+            4,
             "m1",
             1,
-            [(a, 1, 4, False)],
+            [(a, 2, 4, False)],
             rejected=[
-                {"stream": b, "code": "FENCED", "message": f"'m1' does not hold {b!r} with fence 1"},
+                {"stream": b, "code": "FENCED", "message": f"'m1' does not hold {b!r} with fence 2"},
                 {"stream": a, "code": "OFFSET_BEYOND_TAIL", "message": f"offset is beyond the tail of {a!r}"},
                 {
                     "stream": f"{p}/zzz",
                     "code": "FENCED",
-                    "message": f"'m1' does not hold '{p}/zzz' with fence 1",
+                    "message": f"'m1' does not hold '{p}/zzz' with fence 2",
                 },
             ],
         ),
@@ -468,7 +493,7 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
     assert (status, _) == (404, err("GROUP_NOT_FOUND", "group 'nope-group' does not exist"))
     # A new instance of m1 fences the old one, and the old join id cannot come back.
     v1b = join(server, g, "m1", "j1-restarted")
-    assert v1b["generation"] == 3 and v1b["revision"] == 4
+    assert v1b["generation"] == 3 and v1b["revision"] == 5
     assert heartbeat(server, g, v1) == (
         409,
         err(
@@ -480,7 +505,7 @@ def test_join_heartbeat_rebalance_and_drain(server: ServerProcess) -> None:
         err("FENCED", "join 'j1' was superseded or ended; join with a new join_id", reason="join"),
     )
     # The fenced instance's stream was re-activated for the new instance, cursor intact.
-    assert v1b == member_view(g, inc, 4, "m1", 3, [(a, 4, 4, False)])
+    assert v1b == member_view(g, inc, 5, "m1", 3, [(a, 5, 4, False)])
 
 
 def test_heartbeat_bad_requests(server: ServerProcess) -> None:
@@ -541,11 +566,11 @@ def test_stream_gone_on_commit(server: ServerProcess) -> None:
     for _attempt in range(5):
         g, p = names()
         make_streams(server, p, ("a", b"xyz"))
-        call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
+        create_settled(server, g, {"pattern": f"{p}/*"})
         v = join(server, g, "m1", "j1")
         assert request("DELETE", stream_url(server.url, f"{p}/a"))[0] == 204
         status, hb = heartbeat(
-            server, g, v, commits=[{"stream": f"{p}/a", "fence": 1, "offset": format_offset(1)}]
+            server, g, v, commits=[{"stream": f"{p}/a", "fence": 2, "offset": format_offset(1)}]
         )
         assert status == 200
         if hb["rejected"][0]["code"] == "FENCED":
@@ -553,7 +578,7 @@ def test_stream_gone_on_commit(server: ServerProcess) -> None:
         assert hb == member_view(
             g,
             hb["incarnation"],
-            2,
+            3,
             "m1",
             1,
             [],
@@ -568,7 +593,7 @@ def test_stream_gone_on_commit(server: ServerProcess) -> None:
 def test_long_poll_wakes_on_plan_change_and_times_out(server: ServerProcess) -> None:
     g, p = names_in_one_shard()
     make_streams(server, p, ("a", b""), ("b", b""))
-    call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*", "session_timeout_ms": 4000})
+    create_settled(server, g, {"pattern": f"{p}/*", "session_timeout_ms": 4000})
     v1 = join(server, g, "m1", "j1")
     # Nothing changes: the poll waits (capped at half the session timeout).
     started = time.monotonic()
@@ -580,7 +605,7 @@ def test_long_poll_wakes_on_plan_change_and_times_out(server: ServerProcess) -> 
     time.sleep(0.3)
     join(server, g, "m2", "j2")
     status, hb = poll.result()
-    assert status == 200 and hb["revision"] == 2 and poll.elapsed < 1.2
+    assert status == 200 and hb["revision"] == 3 and poll.elapsed < 1.2
     assert [(x["stream"], x["revoked"]) for x in hb["assignments"]] == [(f"{p}/a", False), (f"{p}/b", True)]
     # A poll whose member is fenced meanwhile says so.
     poll = Background(lambda: heartbeat(server, g, v1, revision=hb["revision"], wait_ms=1800))
@@ -597,7 +622,7 @@ def test_long_poll_wakes_on_plan_change_and_times_out(server: ServerProcess) -> 
 def test_leave(server: ServerProcess) -> None:
     g, p = names()
     make_streams(server, p, ("a", b"12345"), ("b", b""))
-    status, body = call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
+    body, _ = create_settled(server, g, {"pattern": f"{p}/*"})
     inc = body["incarnation"]
     v1 = join(server, g, "m1", "j1")
     v2 = join(server, g, "m2", "j2")
@@ -606,7 +631,7 @@ def test_leave(server: ServerProcess) -> None:
         "member": "m1",
         "incarnation": inc,
         "generation": 1,
-        "commits": [{"stream": f"{p}/a", "fence": 1, "offset": format_offset(5)}],
+        "commits": [{"stream": f"{p}/a", "fence": 2, "offset": format_offset(5)}],
     }
     assert call(server, "POST", url, leave1) == (
         200,
@@ -619,8 +644,8 @@ def test_leave(server: ServerProcess) -> None:
     # m2 now holds both (activated in the plan that removed m1), a's cursor carried over.
     status, hb = heartbeat(server, g, v2)
     assert hb["assignments"] == [
-        {"stream": f"{p}/a", "fence": 3, "cursor": format_offset(5), "revoked": False},
-        {"stream": f"{p}/b", "fence": 3, "cursor": Z, "revoked": False},
+        {"stream": f"{p}/a", "fence": 4, "cursor": format_offset(5), "revoked": False},
+        {"stream": f"{p}/b", "fence": 4, "cursor": Z, "revoked": False},
     ]
     stale = {"member": "m2", "incarnation": inc, "generation": 1}
     assert call(server, "POST", url, stale) == (
@@ -647,25 +672,25 @@ def test_leave(server: ServerProcess) -> None:
 def test_link_and_unlink(server: ServerProcess) -> None:
     g, p = names()
     make_streams(server, p, ("x/1", b"a"), ("y", b"bb"), ("z/q", b"ccc"))
-    status, body = call(server, "PUT", f"/v1/groups/{g}", {"streams": [f"{p}/x/1"], "max_streams": 2})
+    body, _ = create_settled(server, g, {"streams": [f"{p}/x/1"], "max_streams": 2})
     inc = body["incarnation"]
     url = f"/v1/groups/{g}/streams"
-    status, body = call(server, "POST", url, {"streams": [f"{p}/y"], "revision": 0, "op_id": "op-1"})
+    status, body = call(server, "POST", url, {"streams": [f"{p}/y"], "revision": 1, "op_id": "op-1"})
     expected = {
         "group": g,
         "incarnation": inc,
-        "revision": 1,
+        "revision": 2,
         **group_spec(streams=[f"{p}/x/1", f"{p}/y"], max_streams=2),
         "members": [],
         "targets": [target(f"{p}/x/1", None, None, 0, 0, 1), target(f"{p}/y", None, None, 0, 0, 2)],
     }
     assert (status, strip_times(body)) == (200, expected)
     # The same operation retried after it succeeded is recognised (not STALE_REVISION).
-    status, again = call(server, "POST", url, {"streams": [f"{p}/y"], "revision": 0, "op_id": "op-1"})
+    status, again = call(server, "POST", url, {"streams": [f"{p}/y"], "revision": 1, "op_id": "op-1"})
     assert (status, strip_times(again)) == (200, expected)
-    assert call(server, "POST", url, {"streams": [f"{p}/z/q"], "revision": 0}) == (
+    assert call(server, "POST", url, {"streams": [f"{p}/z/q"], "revision": 1}) == (
         409,
-        err("STALE_REVISION", f"group {g!r} is at revision 1, not 0", revision=1),
+        err("STALE_REVISION", f"group {g!r} is at revision 2, not 1", revision=2),
     )
     assert call(server, "POST", url, {"streams": [f"{p}/z/q"]}) == (
         413,
@@ -688,13 +713,13 @@ def test_link_and_unlink(server: ServerProcess) -> None:
         ),
     )
     # Unlink: the path may contain slashes, raw or percent-encoded.
-    status, body = call(server, "DELETE", f"/v1/groups/{g}/streams/{p}%2Fx%2F1?revision=1")
-    assert status == 200 and body["streams"] == [f"{p}/y"] and body["revision"] == 2
+    status, body = call(server, "DELETE", f"/v1/groups/{g}/streams/{p}%2Fx%2F1?revision=2")
+    assert status == 200 and body["streams"] == [f"{p}/y"] and body["revision"] == 3
     status, body = call(server, "DELETE", f"/v1/groups/{g}/streams/{p}/x/1")  # already gone: idempotent
-    assert status == 200 and body["revision"] == 2
+    assert status == 200 and body["revision"] == 3
     assert call(server, "DELETE", f"/v1/groups/{g}/streams/{p}/y?revision=0") == (
         409,
-        err("STALE_REVISION", f"group {g!r} is at revision 2, not 0", revision=2),
+        err("STALE_REVISION", f"group {g!r} is at revision 3, not 0", revision=3),
     )
     assert call(server, "DELETE", f"/v1/groups/{g}/streams/%ff") == (
         400,
@@ -748,10 +773,10 @@ def test_plan_and_cursors_survive_restart(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "data", "--long-poll-timeout-s", "2").start()
     try:
         make_streams(srv, "r", ("a", b"0123456789"))
-        call(srv, "PUT", "/v1/groups/rg", {"pattern": "r/*"})
+        create_settled(srv, "rg", {"pattern": "r/*"})
         v = join(srv, "rg", "m1", "j1")
         status, _ = heartbeat(
-            srv, "rg", v, commits=[{"stream": "r/a", "fence": 1, "offset": format_offset(7)}]
+            srv, "rg", v, commits=[{"stream": "r/a", "fence": 2, "offset": format_offset(7)}]
         )
         assert status == 200
         before = call(srv, "GET", "/v1/groups/rg")
@@ -761,7 +786,7 @@ def test_plan_and_cursors_survive_restart(tmp_path: Path) -> None:
         status, hb = heartbeat(srv, "rg", v)  # the member survived too (with a grace period)
         assert (status, hb["assignments"]) == (
             200,
-            [{"stream": "r/a", "fence": 1, "cursor": format_offset(7), "revoked": False}],
+            [{"stream": "r/a", "fence": 2, "cursor": format_offset(7), "revoked": False}],
         )
         srv.stop()
         srv.start()
@@ -797,11 +822,11 @@ def test_appends_keep_working_alongside(server: ServerProcess) -> None:
     """Groups only read the stream state: appends to grouped streams are untouched."""
     g, p = names()
     make_streams(server, p, ("a", b""))
-    call(server, "PUT", f"/v1/groups/{g}", {"pattern": f"{p}/*"})
+    create_settled(server, g, {"pattern": f"{p}/*"})
     v = join(server, g, "m1", "j1")
     status, headers, _ = append(stream_url(server.url, f"{p}/a"), "hello", "text/plain")
     assert status == 204
     status, hb = heartbeat(
-        server, g, v, commits=[{"stream": f"{p}/a", "fence": 1, "offset": headers["Stream-Next-Offset"]}]
+        server, g, v, commits=[{"stream": f"{p}/a", "fence": 2, "offset": headers["Stream-Next-Offset"]}]
     )
     assert hb["assignments"][0]["cursor"] == headers["Stream-Next-Offset"]
