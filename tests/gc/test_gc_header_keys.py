@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gc_support import T0, HttpHarness, make_config
+from tests.support.metrics_helpers import samples
 from tiered.cold.parquet.chunk_index import ColdDataDamaged
 from tiered.core.errors import TieredError
 from tiered.engine.streams import header_keys, key_index_file
@@ -877,8 +878,8 @@ def test_retention_passing_keyed_appends(tmp_path: Path, when: str) -> None:
 
 
 def test_the_index_counts_towards_its_buckets_retained_bytes(tmp_path: Path) -> None:
-    """A key index object is the bucket's: the usage API, the quota totals and a full walk all count it,
-    a new index replaces the old one's count, and a deleted stream's index stops counting."""
+    """A key index object is the bucket's: the usage API, /metrics, the quota totals and a full walk all
+    count it, a new index replaces the old one's count, and a deleted stream's index stops counting."""
     from tiered.engine.tenants.footprint import footprints
 
     async def usage(h: HttpHarness) -> dict[str, int]:
@@ -930,11 +931,27 @@ def test_the_index_counts_towards_its_buckets_retained_bytes(tmp_path: Path) -> 
             status, _, body = await _append(h, "key-0", b"0123456789")
             assert status == 507 and _code(body) == "QUOTA_EXCEEDED", (status, body)
 
-            # Restarted, the walk counts the same; deleted, the stream's index stops counting.
+            status, _, metrics = await h.http("GET", "/metrics")
+            assert status == 200
+            assert samples(metrics.decode())[
+                'tiered_bucket_retained_bytes{bucket="default",tier="key_index"}'
+            ] == (bigger.size)
+
+            # Restarted (from the journal, then from a snapshot), the walk counts the same.
             await h.restart(crash=True)
             assert (await usage(h))["key_index"] == bigger.size
+            await h.restart()
+            assert (await usage(h))["key_index"] == bigger.size
+            # Deleted while a fork reads through it, the stream stays (soft-deleted) but its index is
+            # released: it stops counting, in the walk and in the totals the quota checks.
+            h.s.footprint.totals("default")
+            fork = {"Content-Type": TEXT, "Stream-Forked-From": URL}
+            assert (await h.http("PUT", "/v1/stream/fork", headers=fork))[0] == 201
             assert (await h.http("DELETE", URL))[0] == 204
-            assert (await usage(h))["key_index"] == 0
+            assert h.s.state.streams[s.uid].soft_deleted
+            walked = footprints(h.s.state)["default"]
+            assert walked.key_index_bytes == 0 == (await usage(h))["key_index"]
+            assert h.s.footprint.totals("default") == (walked.streams, walked.retained_bytes)
         finally:
             await h.stop()
 

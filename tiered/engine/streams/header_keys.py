@@ -192,7 +192,11 @@ def apply_index_committed(state: StreamState, record: KeyIndexCommitted) -> None
 
 
 def drop(state: StreamState, s: Stream, ts_ms: int) -> None:
-    """``s`` is removed or soft-deleted: nobody reads its key index, whose object is released."""
+    """``s`` is removed or soft-deleted: nobody reads its key index, whose object is released.
+
+    Only the records of ``footprint._RELEASING`` may end here: the quota totals
+    (``tiered/engine/tenants/footprint.py``) follow an index by difference at ``KeyIndexCommitted`` and
+    recompute after those records, so an index changed anywhere else would be miscounted."""
     if s.key_index is not None:
         unref(state, s.key_index.key, ts_ms)
         s.key_index = None

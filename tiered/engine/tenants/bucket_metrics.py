@@ -13,7 +13,7 @@ counter reset).
 | ``tiered_bucket_appended_bytes_total``, ``tiered_bucket_appended_records_total`` | bucket |
 | ``tiered_bucket_egress_bytes_total`` | bucket, tier (hot, cold) |
 | ``tiered_bucket_requests_total`` | bucket, class (append, read, live, admin) |
-| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold, producers: idempotent producers' state, snapshots, key_index) |
+| ``tiered_bucket_retained_bytes`` | bucket, tier (hot, cold, producers: idempotent producers' state, snapshots, key_index: keyed streams' key indexes) |
 | ``tiered_bucket_streams``, ``tiered_bucket_live_readers`` | bucket |
 | ``tiered_bucket_quota_refusals_total`` | bucket, quota |
 """
@@ -106,7 +106,7 @@ def bucket_metric_families(
     retained = GaugeMetricFamily(
         "tiered_bucket_retained_bytes",
         "Bytes the bucket's streams hold, by tier (producers: idempotent producers' state; key_index: "
-        "header-keyed streams' key index objects)",
+        "keyed streams' key index objects)",
         labels=["bucket", "tier"],
     )
     streams_gauge = GaugeMetricFamily(

@@ -8,8 +8,8 @@ data is held (and counted) by its source's bucket. Streams count while they
 exist and are not soft-deleted (an expired stream counts until GC journals
 its expiry). Idempotent producers' state counts too: ``Stream.producer_bytes``
 (``tiered/engine/streams/producers.py``: each state's id plus 24 bytes), so a bucket
-cannot grow without bound through producer ids. So do a stream's snapshot object and a header-keyed
-stream's key index object (``header_keys``): cold objects the bucket's streams own, written for them.
+cannot grow without bound through producer ids. So do a stream's snapshot object and a keyed stream's
+key index object (``header_keys``; by header or JSON pointer): cold objects its streams own, written for them.
 
 ``footprints`` walks every stream (gauges, the usage API). The quota checks
 on the write path use ``FootprintCache``: per-bucket totals kept up to date by
@@ -59,7 +59,7 @@ class Footprint:
     cold_bytes: int = 0
     producer_bytes: int = 0  # idempotent producers' state
     snapshot_bytes: int = 0  # stream snapshots' bodies (``tiered/engine/streams/snapshots.py``)
-    key_index_bytes: int = 0  # header-keyed streams' key index objects (``header_keys``)
+    key_index_bytes: int = 0  # keyed streams' key index objects (``header_keys``)
 
     @property
     def retained_bytes(self) -> int:
