@@ -404,7 +404,11 @@ def test_parquet_objects_hold_exactly_the_served_bytes(local_cluster: Cluster) -
             assert abs(ts - time.time() * 1000) < 3_600_000, ts  # epoch milliseconds
         assert set(cols["incarnation"]) == {0}, name  # every path here holds its first stream
     rows = rows_by_stream(tables)
-    assert set(rows) == {(m.bucket, m.name) for m in models}, "cold objects hold unknown or missing streams"
+    # Every stream with data of its own, and no other: the ticker holds none when the flusher had done its
+    # work before the wait's first look (a loaded run met that), so it never ticked.
+    holding = {(m.bucket, m.name) for m in models if own_expected(m)}
+    assert set(rows) == holding, "cold objects hold unknown or missing streams"
+    assert len(holding) >= len(models) - 1  # only the ticker may be empty
     assert ("default", "nested/path/bin-00") in rows and ("cold-bucket", "other-bucket-stream") in rows
     for m in models:
         mine = rows[(m.bucket, m.name)]
