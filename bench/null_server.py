@@ -31,15 +31,14 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from queue import SimpleQueue
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiered.api.kit.types import Request, Response  # noqa: E402
+from tiered.engine.journal.worker import JournalWorker  # noqa: E402
 
 NEXT_OFFSET = {"Stream-Next-Offset": "0000000000000000_0000000000000000"}
 
@@ -54,17 +53,15 @@ class GroupCommit:
     """Bodies written and fdatasync'ed in batches on one thread; each request waits for its batch.
 
     The shape of tiered's journal (``tiered/engine/journal``) without its records: appends queue on the
-    loop, one commit task hands the queue to the thread while earlier batches are on disk, and one
-    ``call_soon_threadsafe`` per batch wakes the batch's requests."""
+    loop, and one commit task hands the queue to tiered's own journal thread (``JournalWorker``: one
+    queue put, one ``call_soon_threadsafe`` back per batch) while earlier batches are on disk."""
 
     def __init__(self, directory: Path) -> None:
         self._fd, self._path = tempfile.mkstemp(prefix="null-journal-", dir=directory)
         self._pending: list[bytes] = []
         self._batch: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
-        self._calls: SimpleQueue[tuple[list[bytes], asyncio.Future[None]] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="journal", daemon=True)
-        self._thread.start()
+        self._worker = JournalWorker()
         self._task = asyncio.get_running_loop().create_task(self._commit_loop())
         self.batches = 0
 
@@ -76,7 +73,6 @@ class GroupCommit:
         return self._batch
 
     async def _commit_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -85,23 +81,17 @@ class GroupCommit:
             bodies, batch = self._pending, self._batch
             assert batch is not None
             self._pending, self._batch = [], None
-            done: asyncio.Future[None] = loop.create_future()
-            self._calls.put((bodies, done))
-            await done
+            await self._worker.run(self._write, b"".join(bodies))
             self.batches += 1
             batch.set_result(None)
 
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            bodies, done = call
-            os.write(self._fd, b"".join(bodies))
-            os.fdatasync(self._fd)
-            done.get_loop().call_soon_threadsafe(done.set_result, None)
+    def _write(self, data: bytes) -> None:
+        os.write(self._fd, data)
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         self._task.cancel()
-        self._calls.put(None)
-        self._thread.join()
+        self._worker.shutdown()
         os.close(self._fd)
         os.unlink(self._path)
 
