@@ -61,13 +61,7 @@ def bucket_metric_families(
             setattr(t, f, getattr(t, f) + getattr(u, f))
         fp = fps.get(b)
         if fp is not None:
-            s = space.setdefault(lb, Footprint())
-            s.streams += fp.streams
-            s.hot_bytes += fp.hot_bytes
-            s.cold_bytes += fp.cold_bytes
-            s.producer_bytes += fp.producer_bytes
-            s.snapshot_bytes += fp.snapshot_bytes
-            s.key_index_bytes += fp.key_index_bytes
+            space.setdefault(lb, Footprint()).add(fp)
         live[lb] = live.get(lb, 0) + gate.live.get(b, 0)
     refusals: dict[tuple[str, str], int] = {}
     for (b, quota), n in gate.refusals.items():
@@ -113,11 +107,8 @@ def bucket_metric_families(
         "tiered_bucket_streams", "Streams in the bucket (not deleted)", labels=["bucket"]
     )
     for b in sorted(space):
-        retained.add_metric([b, "hot"], space[b].hot_bytes)
-        retained.add_metric([b, "cold"], space[b].cold_bytes)
-        retained.add_metric([b, "producers"], space[b].producer_bytes)
-        retained.add_metric([b, "snapshots"], space[b].snapshot_bytes)
-        retained.add_metric([b, "key_index"], space[b].key_index_bytes)
+        for tier, n in space[b].by_tier().items():
+            retained.add_metric([b, tier], n)
         streams_gauge.add_metric([b], space[b].streams)
     live_readers = GaugeMetricFamily(
         "tiered_bucket_live_readers", "Long-poll and SSE readers of the bucket", labels=["bucket"]

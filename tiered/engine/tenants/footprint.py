@@ -71,6 +71,21 @@ class Footprint:
             + self.key_index_bytes
         )
 
+    def by_tier(self) -> dict[str, int]:
+        """The retained bytes by tier, as the usage API and ``/metrics`` name them (one list for both)."""
+        return {
+            "hot": self.hot_bytes,
+            "cold": self.cold_bytes,
+            "producers": self.producer_bytes,
+            "snapshots": self.snapshot_bytes,
+            "key_index": self.key_index_bytes,
+        }
+
+    def add(self, other: Footprint) -> None:
+        """Sum ``other`` into this one (buckets folded under one metrics label)."""
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 def footprints(state: StreamState) -> dict[str, Footprint]:
     """Every bucket's footprint, by one walk over the streams (buckets without streams included)."""

@@ -36,13 +36,7 @@ def usage_view(bucket: str, usage: BucketUsage, fp: Footprint | None, erased: bo
         "bucket": bucket,
         "erased": erased,
         **usage.as_json(),
-        "retained_bytes": {
-            "hot": fp.hot_bytes,
-            "cold": fp.cold_bytes,
-            "producers": fp.producer_bytes,
-            "snapshots": fp.snapshot_bytes,
-            "key_index": fp.key_index_bytes,
-        },
+        "retained_bytes": fp.by_tier(),
         "streams": fp.streams,
     }
 
